@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine (Python 3.11 + pip, no GPU needed):
+#   make all    # snakemake all at the embedded default preset (tiny)
+#   make test   # the test suite
+# Both create .venv on first use. torch is installed first, pinned, so pip never pulls a CUDA build
+# on a CPU machine.
+
+VENV ?= .venv
+PYTHON ?= python3
+SCALE ?= tiny
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hybridlab-installed
+
+.PHONY: setup all test data clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+all: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake all --config scale=$(SCALE)
+
+data: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake data --config scale=$(SCALE)
+
+test: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

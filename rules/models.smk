@@ -1,0 +1,75 @@
+# Models phase: the teachers (pre-trained locally at smoke/tiny, the hub models at paper) and their
+# hybrid conversions, one per teacher x placement x mixer.
+
+if OFFLINE:
+    TEACHERS = ["teacher"]
+else:
+    TEACHERS = [name.replace("/", "--") for name in C["models"]["teachers"]]
+PLACEMENTS = C["experiments"]["distill"]["placements"]
+MIXERS = C["experiments"]["distill"]["mixers"]
+MODEL_FILES = ["config.json", "model.safetensors"]
+
+
+def teacher_dir(teacher):
+    return R("models", f"teachers/{teacher}")
+
+
+def student_dir(teacher, placement, mixer):
+    return R("models", f"students/{teacher}/{placement}-{mixer}")
+
+
+STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
+
+
+rule teacher:
+    """Dense teacher: pre-trained on the multilingual mixture (smoke/tiny) or fetched from the hub (paper)."""
+    input:
+        mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES] if OFFLINE else [],
+        tokenizer=TOKENIZER,
+    output:
+        [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+    log:
+        LOG("models", "teacher_{teacher}"),
+    benchmark:
+        BENCH("models", "teacher_{teacher}")
+    resources:
+        mem_mb=16000,
+        runtime=60 if OFFLINE else 120,
+        gpu=gpus(1),
+    conda:
+        CUDA_ENV
+    shell:
+        "{NOT_READY} teacher 'teacher pre-training / hub snapshot' 4 > {log} 2>&1"
+
+
+rule convert:
+    """Replace the attention of every non-full-attention layer with a mixer that inherits q/k/v/o."""
+    input:
+        [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+    output:
+        [R("models", f"students/{{teacher}}/{{placement}}-{{mixer}}/{f}") for f in MODEL_FILES + ["hybrid.json"]],
+    wildcard_constraints:
+        placement="|".join(PLACEMENTS),
+        mixer="gdn|kda|gla",
+    params:
+        cfg=lambda wc: as_json({"placement": wc.placement, "mixer": wc.mixer,
+                                "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": C["seed"]}),
+    log:
+        LOG("models", "convert_{teacher}_{placement}-{mixer}"),
+    benchmark:
+        BENCH("models", "convert_{teacher}_{placement}-{mixer}")
+    resources:
+        mem_mb=16000,
+        runtime=30,
+        gpu=0,
+    conda:
+        CPU_ENV
+    shell:
+        "{NOT_READY} convert 'hybrid conversion rule' 3 > {log} 2>&1"
+
+
+rule models:
+    """Phase target: every teacher and every converted student."""
+    input:
+        [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES],
+        [f"{student_dir(t, p, m)}/hybrid.json" for t, p, m in STUDENTS],

@@ -1,0 +1,77 @@
+"""The `hybridlab` command line: small helpers around the Snakemake pipeline.
+
+    hybridlab config [--configfile config.yaml] [--scale tiny]   # validate + print the active preset
+    hybridlab placements --scheme sandwich --layers 36 --ratio 0.25
+    hybridlab languages                                            # the language registry
+
+Every user error is one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hybridlab.errors import HybridlabError
+
+
+def _cmd_config(args) -> None:
+    from hybridlab import config as cfg
+
+    overrides = {"scale": args.scale} if args.scale else None
+    raw = cfg.load(args.configfile, overrides)
+    view = cfg.resolve(raw)
+    print(json.dumps({"config_hash": cfg.config_hash(view), **view}, indent=2))
+
+
+def _cmd_placements(args) -> None:
+    from hybridlab.models.placements import fa_layers, placement_diagram
+
+    indices = [int(i) for i in args.indices.split(",")] if args.indices else None
+    fa = fa_layers(args.scheme, args.layers, ratio=args.ratio, indices=indices)
+    types = ["full_attention" if i in fa else "mixer" for i in range(args.layers)]
+    print(f"{args.scheme}: FA layers {fa}")
+    print(placement_diagram(types))
+
+
+def _cmd_languages(args) -> None:
+    from hybridlab.data.languages import REGISTRY
+
+    for code, lang in sorted(REGISTRY.items()):
+        print(f"{code}\t{lang.name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybridlab", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("config", help="validate config.yaml and print the resolved preset")
+    c.add_argument("--configfile", default="config.yaml")
+    c.add_argument("--scale", choices=["smoke", "tiny", "paper"])
+    c.set_defaults(func=_cmd_config)
+
+    pl = sub.add_parser("placements", help="print the full-attention layers of a placement")
+    pl.add_argument("--scheme", required=True)
+    pl.add_argument("--layers", type=int, required=True)
+    pl.add_argument("--ratio", type=float)
+    pl.add_argument("--indices", help="explicit comma-separated FA layer indices (scheme 'explicit')")
+    pl.set_defaults(func=_cmd_placements)
+
+    lg = sub.add_parser("languages", help="list the language registry")
+    lg.set_defaults(func=_cmd_languages)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Configuration: load `config.yaml`, validate it once, resolve the active scale preset.
+
+The config declares every experiment once; `presets.<scale>` only changes sizes. Validation is two
+passes, both ending in a one-line `HybridlabError` that names the offending key and what is allowed:
+
+1. structure and types against `schemas/config.schema.json` (JSON Schema 2020-12; unknown keys are
+   errors, never silently ignored);
+2. meaning: language codes exist in the registry, gap weights match gaps, head counts divide, the
+   full-attention ratio leaves at least one attention layer in the teacher, ...
+
+`resolve(config)` returns the flat view rules and scripts use (`cfg["data"]["seq_len"]`, ...), and
+`config_hash` a short stable hash of that view for provenance and cache keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from hybridlab.errors import HybridlabError
+
+SCALES = ("smoke", "tiny", "paper")
+
+
+def _schema() -> dict:
+    text = resources.files("hybridlab").joinpath("schemas/config.schema.json").read_text()
+    return json.loads(text)
+
+
+def _path_str(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _allowed(schema: dict) -> str:
+    return ", ".join(map(str, schema.get("enum", [])))
+
+
+def _format_error(err: jsonschema.ValidationError) -> str:
+    where = _path_str(err.absolute_path)
+    v, inst, sch = err.validator, err.instance, err.schema
+    if v == "additionalProperties":
+        known = sorted(sch.get("properties", {}))
+        extra = sorted(set(inst) - set(known))
+        key = f"{where}.{extra[0]}" if err.absolute_path else extra[0]
+        return f"config: unknown key '{key}' (allowed here: {', '.join(known)})"
+    if v == "required":
+        missing = [k for k in sch["required"] if k not in inst]
+        return f"config: missing key '{missing[0]}' in {where} (required: {', '.join(sch['required'])})"
+    if v == "enum":
+        return f"config: {where} = {inst!r} is not allowed (allowed: {_allowed(sch)})"
+    if v == "pattern" and "[a-z]{3}_" in sch["pattern"]:
+        return (f"config: {where} = {inst!r} is not a language code; use ISO 639-3 + '_' + ISO 15924 "
+                f"script, e.g. 'tel_Telu'")
+    if v == "type":
+        return f"config: {where} must be of type {sch['type']}, got {type(inst).__name__} {inst!r}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        return f"config: {where} = {inst!r} is out of range ({v} {sch[v]})"
+    if v == "uniqueItems":
+        return f"config: {where} has duplicate entries: {inst!r}"
+    if v in ("minItems", "maxItems"):
+        return f"config: {where} has {len(inst)} items ({v} {sch[v]})"
+    return f"config: {where}: {err.message}"
+
+
+def _check_structure(config: dict) -> None:
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    if errors:
+        # The deepest error is the most specific one (an unknown key beats "not valid under any schema").
+        err = max(errors, key=lambda e: len(e.absolute_path))
+        raise HybridlabError(_format_error(err))
+
+
+def _check_meaning(config: dict) -> None:
+    from hybridlab.data.languages import get_language
+
+    langs = config["languages"]
+    checks: list[tuple[str, str]] = [("languages.english", langs["english"])]
+    checks += [(f"languages.{k}[{i}]", c) for k in ("flores_paper", "fineweb2_project")
+               for i, c in enumerate(langs[k])]
+    for scale, preset in config["presets"].items():
+        for k in ("parallel_languages", "mono_languages"):
+            checks += [(f"presets.{scale}.data.{k}[{i}]", c) for i, c in enumerate(preset["data"][k])]
+    for where, code in checks:
+        try:
+            get_language(code)
+        except HybridlabError as exc:
+            raise HybridlabError(f"config: {where}: {exc}") from None
+
+    for scale, preset in config["presets"].items():
+        sr = preset["data"]["spaced_retrieval"]
+        if len(sr["gaps"]) != len(sr["gap_weights"]):
+            raise HybridlabError(
+                f"config: presets.{scale}.data.spaced_retrieval: gaps has {len(sr['gaps'])} entries but "
+                f"gap_weights has {len(sr['gap_weights'])}; give one weight per gap")
+        models = preset["models"]
+        if preset["data"]["source"] == "offline" and "teacher" not in models:
+            raise HybridlabError(f"config: presets.{scale}.models.teacher is required for an offline preset "
+                                 f"(the teacher is pre-trained from this local shape)")
+        if preset["data"]["source"] == "hub" and "teachers" not in models:
+            raise HybridlabError(f"config: presets.{scale}.models.teachers is required for a hub preset "
+                                 f"(list Hugging Face model names or local paths)")
+        t = models.get("teacher")
+        if t:
+            if t["num_attention_heads"] % t["num_key_value_heads"]:
+                raise HybridlabError(
+                    f"config: presets.{scale}.models.teacher.num_attention_heads ({t['num_attention_heads']}) "
+                    f"must be a multiple of num_key_value_heads ({t['num_key_value_heads']})")
+            n_fa = round(t["num_hidden_layers"] * config["experiments"]["distill"]["fa_ratio"])
+            if not 1 <= n_fa <= t["num_hidden_layers"]:
+                raise HybridlabError(
+                    f"config: experiments.distill.fa_ratio={config['experiments']['distill']['fa_ratio']} gives "
+                    f"{n_fa} full-attention layers of {t['num_hidden_layers']} at scale '{scale}'; choose a ratio "
+                    f"giving 1..{t['num_hidden_layers']}")
+
+
+def validate(config: dict) -> dict:
+    """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it."""
+    if not isinstance(config, dict) or not config:
+        raise HybridlabError("config: empty or not a mapping; start from the repository's config.yaml")
+    _check_structure(config)
+    _check_meaning(config)
+    return config
+
+
+def load(path: str | Path = "config.yaml", overrides: dict | None = None) -> dict:
+    """Read a YAML config, apply top-level overrides (like `--config scale=smoke`), validate it."""
+    path = Path(path)
+    if not path.exists():
+        raise HybridlabError(f"config: {path} not found; run from the repository root or pass --configfile")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        raise HybridlabError(f"config: {path} is not valid YAML (line {line + 1 if line is not None else '?'}); "
+                             f"fix the syntax") from None
+    config = copy.deepcopy(config or {})
+    config.update(overrides or {})
+    return validate(config)
+
+
+def resolve(config: dict) -> dict:
+    """The flat view of the active preset: languages, experiments, seed, scale + the preset's sections."""
+    scale = config["scale"]
+    view = {
+        "scale": scale,
+        "seed": config["seed"],
+        "languages": config["languages"],
+        "experiments": config["experiments"],
+        "offline": config["offline"],
+    }
+    view.update(copy.deepcopy(config["presets"][scale]))
+    return view
+
+
+def config_hash(obj: Any) -> str:
+    """A short, stable hash of any JSON-serialisable config subset."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,1 @@
+"""hybridlab.plots"""

@@ -1,0 +1,127 @@
+"""config.yaml validation: every bad value stops with one line naming the key and the allowed values."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridlab import config as cfg
+from hybridlab.errors import HybridlabError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def _err(config) -> str:
+    with pytest.raises(HybridlabError) as info:
+        cfg.validate(config)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_repository_config_is_valid_for_every_scale(base):
+    for scale in cfg.SCALES:
+        c = copy.deepcopy(base)
+        c["scale"] = scale
+        view = cfg.resolve(cfg.validate(c))
+        assert view["scale"] == scale
+        assert view["data"]["seq_len"] == base["presets"][scale]["data"]["seq_len"]
+
+
+def test_unknown_top_level_key(base):
+    c = copy.deepcopy(base)
+    c["learning_rate"] = 1
+    msg = _err(c)
+    assert "unknown key 'learning_rate'" in msg and "presets" in msg
+
+
+def test_unknown_nested_key_names_full_path(base):
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["data"]["seqlen"] = 10
+    msg = _err(c)
+    assert "presets.tiny.data.seqlen" in msg and "seq_len" in msg
+
+
+def test_unknown_placement_lists_allowed(base):
+    c = copy.deepcopy(base)
+    c["experiments"]["distill"]["placements"] = ["standard_periodic", "zigzag"]
+    msg = _err(c)
+    assert "experiments.distill.placements[1]" in msg and "'zigzag'" in msg
+    assert "reverse_periodic" in msg and "endpoint_spread" in msg
+
+
+def test_unknown_scale(base):
+    c = copy.deepcopy(base)
+    c["scale"] = "huge"
+    msg = _err(c)
+    assert "scale" in msg and "smoke, tiny, paper" in msg
+
+
+def test_bad_language_code_syntax(base):
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["data"]["parallel_languages"][0] = "french"
+    msg = _err(c)
+    assert "presets.tiny.data.parallel_languages[0]" in msg and "tel_Telu" in msg
+
+
+def test_unknown_language_code(base):
+    c = copy.deepcopy(base)
+    c["languages"]["flores_paper"][0] = "xyz_Latn"
+    msg = _err(c)
+    assert "languages.flores_paper[0]" in msg and "xyz_Latn" in msg
+
+
+def test_wrong_type(base):
+    c = copy.deepcopy(base)
+    c["presets"]["smoke"]["data"]["seq_len"] = "long"
+    msg = _err(c)
+    assert "presets.smoke.data.seq_len" in msg and "integer" in msg
+
+
+def test_gap_weights_must_match_gaps(base):
+    c = copy.deepcopy(base)
+    c["presets"]["smoke"]["data"]["spaced_retrieval"]["gap_weights"] = [1.0]
+    assert "gap_weights" in _err(c)
+
+
+def test_fa_ratio_giving_no_attention_layer(base):
+    c = copy.deepcopy(base)
+    c["experiments"]["distill"]["fa_ratio"] = 0.05
+    assert "full-attention layers" in _err(c)
+
+
+def test_config_hash_is_stable_and_sensitive(base):
+    view = cfg.resolve(cfg.validate(copy.deepcopy(base)))
+    assert cfg.config_hash(view) == cfg.config_hash(copy.deepcopy(view))
+    view["seed"] += 1
+    assert cfg.config_hash(view) != cfg.config_hash(cfg.resolve(base))
+
+
+def test_cli_prints_one_line_error(tmp_path, base):
+    c = copy.deepcopy(base)
+    c["experiments"]["distill"]["mixers"] = ["mamba"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(c))
+    proc = subprocess.run([sys.executable, "-m", "hybridlab.cli", "config", "--configfile", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0
+    assert "experiments.distill.mixers[0]" in proc.stderr and "gdn, kda, gla" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_snakemake_stops_with_one_line_on_bad_config(tmp_path):
+    """The DAG validates before building any job: `--config scale=huge` fails with the allowed values."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "data", "--config", "scale=huge"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper)" in proc.stderr
+    assert "Traceback" not in proc.stderr

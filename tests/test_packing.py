@@ -1,0 +1,154 @@
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from hybridlab.data.packing import PackedDataset, pack_documents, pack_mixture, write_packed
+from hybridlab.data.tokenizer import train_bpe
+from hybridlab.errors import HybridlabError
+
+
+class IdTokenizer:
+    """Test double: the text "7 7 7" tokenises to [7, 7, 7]; EOS is 0."""
+
+    eos_token_id = 0
+
+    def __call__(self, texts, add_special_tokens=False):
+        assert add_special_tokens is False
+        return {"input_ids": [[int(x) for x in t.split()] for t in texts]}
+
+
+LANG_BASE = {"eng_Latn": 1000, "fra_Latn": 2000, "tel_Telu": 3000, "bam_Latn": 4000}
+
+
+def _corpus(n_docs: dict[str, int], seed=0):
+    """Doc k of a language is its own token id repeated (5..40 times): provenance is readable from tokens."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for lang, n in n_docs.items():
+        for k in range(n):
+            tok = LANG_BASE[lang] + k
+            rows.append({"doc_id": f"{lang}-{k:04d}", "lang": lang, "text": " ".join([str(tok)] * int(rng.integers(5, 41))), "source": "test"})
+    return pl.DataFrame(rows)
+
+
+KW = dict(languages=["fra_Latn", "tel_Telu"], english_share=0.3, seq_len=32, total_tokens=32 * 100, val_fraction=0.1, seed=0)
+
+
+def test_pack_documents_exact():
+    rows = pack_documents([[1, 2, 3], [4, 5], [6]], seq_len=4, eos_id=0)
+    # stream 1 2 3 0 4 5 0 6 0 -> two full rows, the tail [0] is dropped
+    assert rows.dtype == np.int32
+    assert rows.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6]]
+    assert pack_documents([[7] * 6], seq_len=3, eos_id=9).tolist() == [[7, 7, 7], [7, 7, 7]]
+    assert pack_documents([], seq_len=5, eos_id=0).shape == (0, 5)
+
+
+def test_shares_rows_and_single_language_rows():
+    mix = pack_mixture(_corpus({"eng_Latn": 300, "fra_Latn": 300, "tel_Telu": 300}), IdTokenizer(), **KW)
+    s = mix.stats["languages"]
+    # eng: round(0.3*100)=30 rows -> 3 val + 27 train; fra/tel: 35 rows -> round(3.5)=4 val + 31 train
+    assert (s["eng_Latn"]["val_rows"], s["eng_Latn"]["train_rows"]) == (3, 27)
+    assert (s["fra_Latn"]["val_rows"], s["fra_Latn"]["train_rows"]) == (4, 31)
+    assert s["eng_Latn"]["achieved_share"] == pytest.approx(27 / 89)
+    for lang, target in [("eng_Latn", 0.3), ("fra_Latn", 0.35), ("tel_Telu", 0.35)]:
+        assert s[lang]["target_share"] == pytest.approx(target)
+        assert abs(s[lang]["achieved_share"] - target) < 0.02
+        assert not s[lang]["short"]
+    assert mix.tokens_NS.shape == (100, 32) and mix.tokens_NS.dtype == np.int32
+    assert mix.meta["row"].to_list() == list(range(100))
+    # every row holds tokens of exactly one language (its own id range) plus EOS
+    for row, lang in zip(mix.tokens_NS, mix.meta["lang"]):
+        body = row[row != 0]
+        assert ((body >= LANG_BASE[lang]) & (body < LANG_BASE[lang] + 1000)).all()
+    # train rows are interleaved across languages, val rows grouped
+    assert mix.meta.filter(pl.col("split") == "train")["lang"].n_unique() == 3
+    assert mix.meta.filter(pl.col("split") == "val")["lang"].to_list() == ["eng_Latn"] * 3 + ["fra_Latn"] * 4 + ["tel_Telu"] * 4
+
+
+def test_split_is_by_document():
+    mix = pack_mixture(_corpus({"eng_Latn": 300, "fra_Latn": 300, "tel_Telu": 300}), IdTokenizer(), **KW)
+    is_val = (mix.meta["split"] == "val").to_numpy()
+    val_docs = set(np.unique(mix.tokens_NS[is_val])) - {0}
+    train_docs = set(np.unique(mix.tokens_NS[~is_val])) - {0}
+    assert val_docs and train_docs and not (val_docs & train_docs)
+
+
+def test_custom_weights_and_scarce_language():
+    bam = pl.DataFrame(
+        [{"doc_id": f"bam-{k}", "lang": "bam_Latn", "text": " ".join([str(4000 + k)] * 20), "source": "t"} for k in range(6)]
+    )
+    df = pl.concat([_corpus({"eng_Latn": 300, "fra_Latn": 300}, seed=1), bam])
+    kw = {**KW, "languages": ["fra_Latn", "bam_Latn"], "weights": {"fra_Latn": 3.0, "bam_Latn": 1.0}}
+    mix = pack_mixture(df, IdTokenizer(), **kw)
+    s = mix.stats["languages"]
+    assert s["bam_Latn"]["target_share"] == pytest.approx(0.7 / 4)
+    assert s["fra_Latn"]["target_share"] == pytest.approx(0.7 * 3 / 4)
+    # bam: 6 docs x 21 tokens = 126 -> 3 rows available; val = max(1, round(0.1 * 3)) = 1 row, which takes
+    # the first 2 docs (42 tokens >= 32); train gets the other 4 docs (84 tokens) -> 2 rows
+    b = s["bam_Latn"]
+    assert b["short"] and (b["docs_val"], b["docs_train"]) == (2, 4)
+    assert (b["val_rows"], b["train_rows"]) == (1, 2)
+    assert b["achieved_share"] == pytest.approx(64 / (64 + s["eng_Latn"]["train_tokens"] + s["fra_Latn"]["train_tokens"]))
+    assert not s["fra_Latn"]["short"]
+    assert sum(v["achieved_share"] for v in s.values()) == pytest.approx(1.0)
+
+
+def test_determinism_bytes_and_seed(tmp_path):
+    df = _corpus({"eng_Latn": 200, "fra_Latn": 200, "tel_Telu": 200})
+    for name in ("a", "b"):
+        write_packed(tmp_path / name, pack_mixture(df.sample(fraction=1.0, shuffle=True, seed=len(name) + ord(name)), IdTokenizer(), **KW))
+    for f in ("tokens.npy", "meta.parquet", "stats.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    other = pack_mixture(df, IdTokenizer(), **{**KW, "seed": 1})
+    assert not np.array_equal(other.tokens_NS, np.load(tmp_path / "a" / "tokens.npy"))
+
+
+def test_packed_dataset_memmap(tmp_path):
+    mix = pack_mixture(_corpus({"eng_Latn": 200, "fra_Latn": 200, "tel_Telu": 200}), IdTokenizer(), **KW)
+    write_packed(tmp_path, mix)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["train_tokens"] == 89 * 32 and stats["val_tokens"] == 11 * 32
+    train = PackedDataset(tmp_path, "train")
+    assert isinstance(train.tokens, np.memmap) and len(train) == 89 and len(train.langs) == 89
+    x = train[5]
+    assert x.dtype == torch.int64 and x.shape == (32,)
+    assert torch.equal(x, torch.from_numpy(mix.tokens_NS[train.rows[5]].astype(np.int64)))
+    val_tel = PackedDataset(tmp_path, "val", lang="tel_Telu")
+    assert len(val_tel) == 4 and set(val_tel.langs) == {"tel_Telu"}
+    assert ((val_tel[0][val_tel[0] != 0] >= 3000)).all()
+    batch = next(iter(torch.utils.data.DataLoader(train, batch_size=4)))
+    assert batch.shape == (4, 32)
+    with pytest.raises(HybridlabError, match="no rows"):
+        PackedDataset(tmp_path, "test")
+    with pytest.raises(HybridlabError, match="missing"):
+        PackedDataset(tmp_path / "nope", "train")
+
+
+def test_errors():
+    df = _corpus({"eng_Latn": 50, "fra_Latn": 50})
+    with pytest.raises(HybridlabError, match="non-English"):
+        pack_mixture(df, IdTokenizer(), **{**KW, "languages": ["eng_Latn", "fra_Latn"]})
+    with pytest.raises(HybridlabError, match="no documents for tel_Telu"):
+        pack_mixture(df, IdTokenizer(), **KW)
+    with pytest.raises(HybridlabError, match="weights"):
+        pack_mixture(df, IdTokenizer(), **{**KW, "languages": ["fra_Latn"], "weights": {"tel_Telu": 1.0}})
+    with pytest.raises(HybridlabError, match="none left for training"):
+        pack_mixture(df, IdTokenizer(), **{**KW, "languages": ["fra_Latn"], "total_tokens": 64})
+
+
+def test_with_real_bpe_tokenizer(tmp_path):
+    texts = {
+        "eng_Latn": [f"The cat number {i} sat on the mat." for i in range(60)],
+        "hin_Deva": [f"बिल्ली संख्या {i} चटाई पर बैठी।" for i in range(60)],
+    }
+    df = pl.DataFrame(
+        [{"doc_id": f"{lang}{i}", "lang": lang, "text": t, "source": "x"} for lang, ts in texts.items() for i, t in enumerate(ts)]
+    )
+    tok = train_bpe([t for ts in texts.values() for t in ts], vocab_size=300, min_frequency=2, out_path=tmp_path / "tok")
+    mix = pack_mixture(df, tok, languages=["hin_Deva"], english_share=0.5, seq_len=16, total_tokens=16 * 20, val_fraction=0.2, seed=0)
+    hin_row = mix.tokens_NS[mix.meta["lang"].to_list().index("hin_Deva")]
+    assert "बिल्ली" in tok.decode(hin_row.tolist()) or "चटाई" in tok.decode(hin_row.tolist())
+    assert (mix.tokens_NS == tok.eos_token_id).any()

@@ -1,0 +1,45 @@
+"""Shared glue for workflow scripts: import path, one-line user errors, JSON params.
+
+Rules call `python workflow_scripts/<name>.py --params '<json>' ...`. Scripts stay thin: parse
+arguments, call `hybridlab`, write outputs. A `HybridlabError` becomes one line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Make `import hybridlab` work in any environment Snakemake runs us in (venv or a conda env that only
+# holds the dependencies), without installing the package there.
+_SRC = Path(__file__).resolve().parent.parent / "src"
+if str(_SRC) not in sys.path:
+    sys.path.insert(0, str(_SRC))
+
+from hybridlab.errors import HybridlabError  # noqa: E402
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--params", required=True, help="JSON object of rule parameters")
+    return p
+
+
+def load_params(text: str) -> dict:
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HybridlabError(f"--params is not valid JSON ({exc.msg} at char {exc.pos}); pass a JSON object")
+    if not isinstance(params, dict):
+        raise HybridlabError("--params must be a JSON object")
+    return params
+
+
+def run(main) -> None:
+    """Call `main()`; turn user errors into one line on stderr and exit code 1."""
+    try:
+        main()
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

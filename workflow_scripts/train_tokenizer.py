@@ -1,0 +1,42 @@
+"""Train the byte-level BPE on the monolingual corpus (offline presets) or save a hub tokenizer (paper)."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--mono", required=True, help="mono.parquet of the corpus")
+    p.add_argument("--out", required=True, help="output directory (tokenizer.json is written inside)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+
+    from hybridlab.data.tokenizer import load_tokenizer, train_bpe
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a temporary sibling directory and rename: a failed run leaves no half-written tokenizer.
+    tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=out.parent))
+    try:
+        if params.get("hub_tokenizer"):
+            tok = load_tokenizer(params["hub_tokenizer"])
+            tok.save_pretrained(str(tmp))
+        else:
+            # Sorted by (lang, doc_id) so the same corpus always gives the same merges.
+            texts = pl.read_parquet(args.mono, columns=["lang", "doc_id", "text"]).sort(["lang", "doc_id"])["text"]
+            tok = train_bpe(iter(texts.to_list()), vocab_size=params["vocab_size"], min_frequency=2, out_path=tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"tokenizer with {len(tok)} tokens written to {out}")
+
+
+if __name__ == "__main__":
+    _common.run(main)
