@@ -1,0 +1,316 @@
+"""The one training loop shared by every trainer (pre-training, distillation, BLD).
+
+`train(model, task, dataset, cfg, ...)` is model-agnostic: any `nn.Module`, a *task* object that
+turns a batch into a loss, and a map-style dataset (`len` + integer indexing). One update:
+
+1. `on_step_start(step, model, optimizer)` hooks (freeze schedules) after a due optimiser switch;
+2. lr = schedule(step); draw the global batch (`cfg.batch_size` indices) from the seeded sampler;
+3. for this rank's micro-batches: collate, move to the device, `task.loss(model, batch)` under the
+   precision's autocast, backward of `loss / grad_accum` (so gradients are the global-batch mean);
+4. all-reduce gradients and loss/scalar sums over ranks; pre-clip gradient norm (total and per
+   `grad_norm_groups`); stop with `HybridlabError` naming the step on a NaN/Inf loss or gradient,
+   before any weight changes; clip; optimiser step;
+5. every `log_every` steps (and at eval steps and the last step) a row in `metrics.parquet`; eval
+   every `eval_every` steps; a checkpoint every `ckpt_every` steps and at the end.
+
+Loss convention: each micro-batch loss is whatever the task returns (typically a token mean) and
+the update's loss is the mean over the global batch's micro-batches. Step numbering: see
+`hybridlab.train.config`. The run resumes from the latest checkpoint in `<out_dir>/checkpoints`
+whenever one exists, so rerunning the same command after a kill continues the run; on CPU the
+result is bitwise identical to an uninterrupted run (`restart=True` deletes previous outputs).
+
+Only rank 0 writes metrics and checkpoints and shows the progress bar. `eval_fn` runs on every
+rank (it may shard its own work) under `torch.no_grad()` with the model in eval mode and the RNG
+states restored afterwards, so evaluating never changes the training trajectory; rank 0's values
+are logged as `eval/<key>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+from tqdm.auto import tqdm
+
+from hybridlab.errors import HybridlabError
+from hybridlab.train.checkpoint import (
+    capture_rng,
+    check_finite,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_run_outputs,
+    restore_rng,
+    save_checkpoint,
+)
+from hybridlab.train.config import TrainConfig
+from hybridlab.train.distributed import DistContext, init_distributed
+from hybridlab.train.metrics import MetricsLog, grad_norm, grad_norms_by_group
+from hybridlab.train.optim import HybridOptimizer
+from hybridlab.train.sampler import EpochSampler
+from hybridlab.train.schedule import lr_factor
+
+METRICS_FILE = "metrics.parquet"
+CKPT_SUBDIR = "checkpoints"
+
+StepHook = Callable[[int, nn.Module, HybridOptimizer], None]
+
+
+class Task(Protocol):
+    """What a trainer plugs into the loop."""
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Scalar loss to minimise and extra scalars to log (same keys every call)."""
+
+    def num_tokens(self, batch: Any) -> int:
+        """Tokens this batch trains on (for tokens/s and the token count)."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    tokens: int
+    out_dir: Path
+    checkpoint: Path | None
+    metrics_path: Path
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    dataset: Any,
+    cfg: TrainConfig,
+    *,
+    collate_fn: Callable[[list[Any]], Any] = default_collate,
+    on_step_start: StepHook | Sequence[StepHook] | None = None,
+    eval_fn: Callable[[nn.Module, int], dict[str, Any]] | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
+    grad_norm_groups: dict[str, Callable[[str], bool]] | None = None,
+    restart: bool = False,
+) -> TrainResult:
+    """Train `model` on `task` until `cfg.total_steps()`, resuming from the latest checkpoint."""
+    for name in ("loss", "num_tokens"):
+        if not callable(getattr(task, name, None)):
+            raise HybridlabError(f"task {type(task).__name__} has no {name}() method; see hybridlab.train.loop.Task")
+    ctx = init_distributed(cfg.device)
+    try:
+        hooks = [] if on_step_start is None else [on_step_start] if callable(on_step_start) else list(on_step_start)
+        run = _Run(model, task, dataset, cfg, ctx, collate_fn, hooks, eval_fn, on_checkpoint, grad_norm_groups or {})
+        return run.run(restart)
+    finally:
+        ctx.close()
+
+
+class _Run:
+    def __init__(self, model, task, dataset, cfg, ctx: DistContext, collate_fn, hooks, eval_fn, on_checkpoint, groups):
+        self.model, self.task, self.dataset, self.cfg, self.ctx = model, task, dataset, cfg, ctx
+        self.collate_fn, self.hooks, self.eval_fn, self.on_checkpoint, self.groups = (
+            collate_fn, hooks, eval_fn, on_checkpoint, groups
+        )
+        self.out = Path(cfg.out_dir)
+        self.ckpt_dir = self.out / CKPT_SUBDIR
+        self.total = cfg.total_steps()
+        if cfg.grad_accum % ctx.world_size:
+            raise HybridlabError(
+                f"grad_accum={cfg.grad_accum} is not divisible by the {ctx.world_size} processes; set grad_accum "
+                "to a multiple of the process count (global batch = micro_batch_size x grad_accum)"
+            )
+        self.precision = cfg.resolved_precision(ctx.device.type)
+        self.metrics = MetricsLog(self.out / METRICS_FILE, active=ctx.is_main)
+        self.sampler = EpochSampler(len(dataset), cfg.seed)
+        self.last_ckpt: Path | None = None
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _start(self, restart: bool) -> tuple[int, int]:
+        cfg, ctx = self.cfg, self.ctx
+        if restart and ctx.is_main:
+            remove_run_outputs(self.out, CKPT_SUBDIR, (METRICS_FILE,))
+        ctx.barrier()
+        self.model.to(ctx.device)
+        self.model.train()
+        ctx.broadcast_module(self.model)
+        self.opt = HybridOptimizer(self.model, cfg, cfg.optimizer)
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            _seed_everything(cfg.seed + ctx.rank)
+            self.metrics.resume(upto_step=0)
+            return 0, 0
+        state = load_checkpoint(path, self.model, cfg.config_hash())
+        if state["world_size"] != ctx.world_size:
+            raise HybridlabError(
+                f"checkpoint {path} was written by {state['world_size']} processes, this run has "
+                f"{ctx.world_size}; resume with the same process count or rerun with --restart"
+            )
+        try:
+            if state["optimizer"]["kind"] != self.opt.kind:
+                self.opt = HybridOptimizer(self.model, cfg, state["optimizer"]["kind"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (ValueError, KeyError) as e:
+            raise HybridlabError(
+                f"checkpoint {path} does not fit this run ({' '.join(str(e).split())[:200]}); "
+                "delete it or rerun with --restart"
+            ) from e
+        restore_rng(state["rng"][ctx.rank])
+        self.metrics.resume(upto_step=state["step"])
+        self.last_ckpt = path
+        return state["step"], state["tokens"]
+
+    # ---- one update --------------------------------------------------------------------------
+    def _update(self, step: int, want_groups: bool) -> dict[str, Any]:
+        cfg, ctx, model = self.cfg, self.ctx, self.model
+        kind = cfg.optimizer_for_update(step)
+        if kind != self.opt.kind:
+            self.opt = self.opt.switch_to(model, cfg, kind)
+        for hook in self.hooks:
+            hook(step, model, self.opt)
+        factor = lr_factor(step, self.total, cfg.warmup_steps, cfg.schedule, cfg.min_lr_ratio)
+        self.opt.set_lr(factor)
+        self.opt.zero_grad()
+
+        indices = self.sampler.next_indices(cfg.batch_size)
+        mbs = cfg.micro_batch_size
+        keys: list[str] | None = None
+        sums: torch.Tensor | None = None
+        for j in range(ctx.rank, cfg.grad_accum, ctx.world_size):
+            batch = _to_device(self.collate_fn([self.dataset[i] for i in indices[j * mbs : (j + 1) * mbs]]), ctx.device)
+            with self._autocast():
+                loss, scalars = self.task.loss(model, batch)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise HybridlabError(f"task.loss must return a scalar tensor first, got {type(loss).__name__}")
+            if keys is None:
+                keys = sorted(scalars)
+            elif sorted(scalars) != keys:
+                raise HybridlabError(f"task.loss returned scalars {sorted(scalars)} after {keys}; return the same keys")
+            (loss / cfg.grad_accum).backward()
+            vals = [loss.detach().double(), float(self.task.num_tokens(batch))] + [_as_float(scalars[k]) for k in keys]
+            row = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=ctx.device).reshape(()) for v in vals])
+            sums = row if sums is None else sums + row
+        assert sums is not None and keys is not None  # grad_accum >= world_size
+        ctx.all_reduce_sum_(sums)
+        params = [p for p in model.parameters()]
+        ctx.all_reduce_grads(params)
+
+        stats = (sums / cfg.grad_accum).tolist()
+        loss_mean, n_tokens = stats[0], int(round(sums[1].item()))
+        norm = grad_norm(params)
+        bad = "loss" if not math.isfinite(loss_mean) else "gradient norm" if not torch.isfinite(norm) else None
+        if bad:
+            where = self.last_ckpt if self.last_ckpt is not None else "none (no checkpoint written yet)"
+            raise HybridlabError(
+                f"non-finite {bad} at step {step + 1} (loss={loss_mean}); training stopped before updating the "
+                f"weights, last good checkpoint: {where}; lower the lr or check the data, then rerun to resume"
+            )
+        out = {"loss": loss_mean, "lr": cfg.lr * factor, "grad_norm": float(norm), "n_tokens": n_tokens}
+        out.update({k: v for k, v in zip(keys, stats[2:])})
+        if want_groups:
+            out.update({f"grad_norm/{g}": v for g, v in grad_norms_by_group(model.named_parameters(), self.groups).items()})
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], cfg.grad_clip, norm)
+        self.opt.step()
+        return out
+
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ---- eval / checkpoint ---------------------------------------------------------------------
+    def _evaluate(self, step: int) -> dict[str, float]:
+        rng = capture_rng()
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                result = self.eval_fn(self.model, step)
+        finally:
+            self.model.train()
+            restore_rng(rng)
+        if not isinstance(result, dict):
+            raise HybridlabError(f"eval_fn must return a dict of scalars, got {type(result).__name__}")
+        return {f"eval/{k}": _as_float(v) for k, v in result.items()}
+
+    def _checkpoint(self, step: int, tokens: int) -> None:
+        check_finite(self.model, step)  # on every rank (weights are identical), so no rank waits forever
+        rngs = self.ctx.all_gather_object(capture_rng())
+        if self.ctx.is_main:
+            state = {
+                "tokens": tokens,
+                "config_hash": self.cfg.config_hash(),
+                "world_size": self.ctx.world_size,
+                "optimizer": self.opt.state_dict(),
+                "sampler": self.sampler.state_dict(),
+                "rng": rngs,
+            }
+            self.last_ckpt = save_checkpoint(self.ckpt_dir, step, self.model, state, self.cfg.keep_last_k)
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(step)
+        self.ctx.barrier()
+
+    # ---- driver --------------------------------------------------------------------------------
+    def run(self, restart: bool) -> TrainResult:
+        cfg = self.cfg
+        step, tokens = self._start(restart)
+        bar = tqdm(total=self.total, initial=step, desc="train", unit="step",
+                   disable=not (self.ctx.is_main and cfg.progress), dynamic_ncols=True)
+        t_last, tok_last = time.perf_counter(), tokens
+        try:
+            while step < self.total:
+                done = step + 1
+                is_last = done == self.total
+                do_eval = self.eval_fn is not None and cfg.eval_every is not None and (done % cfg.eval_every == 0 or is_last)
+                do_log = do_eval or is_last or done % cfg.log_every == 0
+                out = self._update(step, want_groups=do_log)
+                step, tokens = done, tokens + out.pop("n_tokens")
+                now = time.perf_counter()
+                tps = (tokens - tok_last) / max(now - t_last, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{out['loss']:.4f}", tok_s=f"{tps:.0f}")
+                if do_log:
+                    row = {"step": step, "tokens": tokens, "loss": out.pop("loss"), "lr": out.pop("lr"),
+                           "grad_norm": out.pop("grad_norm"), "tokens_per_s": tps, **out}
+                    if do_eval:
+                        row.update(self._evaluate(step))
+                    self.metrics.append(row)
+                    self.metrics.flush()
+                    t_last, tok_last = time.perf_counter(), tokens
+                if is_last or (cfg.ckpt_every is not None and step % cfg.ckpt_every == 0):
+                    self._checkpoint(step, tokens)
+        finally:
+            bar.close()
+        return TrainResult(step, tokens, self.out, latest_checkpoint(self.ckpt_dir), self.out / METRICS_FILE)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _as_float(v: Any) -> float:
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise HybridlabError(f"logged scalars must be single numbers, got a tensor of shape {tuple(v.shape)}")
+        return float(v.detach().double().item())
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise HybridlabError(f"logged scalars must be numbers or one-element tensors, got {type(v).__name__}")
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_to_device(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj

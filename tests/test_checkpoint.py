@@ -1,0 +1,122 @@
+"""Checkpoints: contents, atomicity, keep-last-k, corrupt/incompatible files, restart, RNG."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+from hybridlab.train.checkpoint import (
+    MODEL_FILE,
+    STATE_FILE,
+    capture_rng,
+    latest_checkpoint,
+    list_checkpoints,
+    restore_rng,
+    save_checkpoint,
+)
+from hybridlab.train.config import TrainConfig
+from hybridlab.train.loop import train
+
+V = 7
+
+
+class Tiny(nn.Module):
+    def __init__(self, d=4):
+        super().__init__()
+        self.embed = nn.Embedding(V, d)
+        self.head = nn.Linear(d, V)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+class Task:
+    def loss(self, model, batch):
+        return F.cross_entropy(model(batch[:, :-1]).reshape(-1, V), batch[:, 1:].reshape(-1)), {}
+
+    def num_tokens(self, batch):
+        return batch[:, 1:].numel()
+
+
+DATA = [torch.arange(i, i + 5) % V for i in range(10)]
+
+
+def go(tmp_path, model=None, restart=False, **kw):
+    c = TrainConfig(**{**dict(out_dir=str(tmp_path / "run"), steps=4, micro_batch_size=2, ckpt_every=1,
+                              keep_last_k=2, progress=False, lr=1e-2), **kw})
+    torch.manual_seed(0)
+    return train(model or Tiny(), Task(), DATA, c, restart=restart)
+
+
+def test_checkpoint_contents_and_keep_last_k(tmp_path):
+    res = go(tmp_path)
+    ckpts = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [s for s, _ in ckpts] == [3, 4]  # keep_last_k=2 of 1..4
+    assert res.checkpoint == ckpts[-1][1]
+    state = torch.load(res.checkpoint / STATE_FILE, weights_only=True)
+    assert state["step"] == 4 and state["tokens"] == 4 * 2 * 4
+    assert state["sampler"] == {"n": 10, "seed": 0, "epoch": 0, "index": 8}
+    assert set(state["rng"][0]) == {"python", "numpy", "torch", "cuda"}
+    assert state["optimizer"]["kind"] == "adamw"
+    assert (res.checkpoint / MODEL_FILE).stat().st_size > 0
+
+
+def test_temp_dirs_are_ignored_and_latest_is_by_step(tmp_path):
+    d = tmp_path / "c"
+    (d / ".tmp_step_000000009").mkdir(parents=True)
+    (d / "step_000000010").mkdir()
+    (d / "step_000000002").mkdir()
+    (d / "notes").mkdir()
+    assert latest_checkpoint(d).name == "step_000000010"
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_refuses_to_write_nan_weights(tmp_path):
+    m = Tiny()
+    with torch.no_grad():
+        m.head.bias[0] = float("nan")
+    with pytest.raises(HybridlabError, match="head.bias"):
+        save_checkpoint(tmp_path, 3, m, {}, keep_last_k=1)
+    assert list_checkpoints(tmp_path) == []
+
+
+@pytest.mark.parametrize("victim", [MODEL_FILE, STATE_FILE])
+def test_truncated_file_names_file_and_fix(tmp_path, victim):
+    res = go(tmp_path)
+    f = res.checkpoint / victim
+    f.write_bytes(f.read_bytes()[:50])
+    with pytest.raises(HybridlabError) as e:
+        go(tmp_path)  # rerunning the same command must stop at the corrupt file
+    msg = str(e.value)
+    assert str(f) in msg and "--restart" in msg and "\n" not in msg
+
+
+def test_incompatible_model_shapes(tmp_path):
+    go(tmp_path)
+    with pytest.raises(HybridlabError, match=rf"{MODEL_FILE} does not fit this model"):
+        go(tmp_path, model=Tiny(d=6))
+
+
+def test_different_config_hash_and_restart(tmp_path):
+    go(tmp_path)
+    with pytest.raises(HybridlabError, match="different training config"):
+        go(tmp_path, lr=5e-3)
+    # Cadence fields are not part of the hash: resuming with another ckpt_every is fine.
+    assert go(tmp_path, ckpt_every=2).step == 4
+    res = go(tmp_path, lr=5e-3, restart=True)
+    assert res.step == 4
+    state = torch.load(res.checkpoint / STATE_FILE, weights_only=True)
+    assert state["config_hash"] == TrainConfig(out_dir="x", steps=4, micro_batch_size=2, lr=5e-3).config_hash()
+
+
+def test_rng_roundtrip():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    s = capture_rng()
+    a = (random.random(), np.random.rand(), torch.rand(3))
+    restore_rng(s)
+    b = (random.random(), np.random.rand(), torch.rand(3))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])

@@ -1,0 +1,148 @@
+"""Losses: chunked KL vs a naive reference (values and gradients), alignment, CE, accuracy."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hybridlab.errors import HybridlabError
+from hybridlab.train.losses import (
+    Projected,
+    answer_accuracy,
+    kl_forward_chunked,
+    masked_ce,
+    stage1_alignment_loss,
+)
+
+
+def naive_kl(t_logits, s_logits, mask):
+    logp_t = t_logits.log_softmax(-1)
+    logp_s = s_logits.log_softmax(-1)
+    kl_BT = (logp_t.exp() * (logp_t - logp_s)).sum(-1)
+    m = mask.float()
+    return (kl_BT * m).sum() / m.sum()
+
+
+def _setup(B=2, T=7, D=5, V=23, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()
+    th, tw, sh, sw = mk(B, T, D), mk(V, D), mk(B, T, D), mk(V, D)
+    tb, sb = (mk(V), mk(V)) if bias else (None, None)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[0, 0] = True
+    return th, tw, tb, sh, sw, sb, mask
+
+
+def test_kl_of_model_against_itself_is_zero():
+    th, tw, tb, *_ , mask = _setup()
+    for vc in (None, 4):
+        kl = kl_forward_chunked(Projected(th, tw, tb), Projected(th, tw, tb), mask, chunk_tokens=3, vocab_chunk=vc)
+        assert abs(kl.item()) < 1e-12
+    logits = th @ tw.T
+    assert abs(kl_forward_chunked(logits, logits, mask, chunk_tokens=4).item()) < 1e-12
+
+
+@pytest.mark.parametrize("chunk_tokens,vocab_chunk", [(3, 5), (100, None), (1, 23)])
+def test_projected_chunked_matches_naive_values_and_gradients(chunk_tokens, vocab_chunk):
+    th, tw, tb, sh, sw, sb, mask = _setup()
+    scale = 0.7
+    tensors = [th, tw, tb, sh, sw, sb]
+    kl = kl_forward_chunked(
+        Projected(th, tw, tb, scale), Projected(sh, sw, sb, scale), mask, chunk_tokens, vocab_chunk
+    )
+    grads = torch.autograd.grad(kl, tensors)
+    ref = naive_kl((th @ tw.T + tb) * scale, (sh @ sw.T + sb) * scale, mask)
+    ref_grads = torch.autograd.grad(ref, tensors)
+    assert ref.item() > 0.1  # non-trivial case
+    torch.testing.assert_close(kl.double(), ref.double(), rtol=1e-6, atol=1e-8)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-8)
+
+
+def test_logits_mode_and_mixed_sides_match_naive():
+    th, tw, tb, sh, sw, sb, mask = _setup(bias=False)
+    ref = naive_kl(th @ tw.T, sh @ sw.T, mask)
+    ref_g = torch.autograd.grad(ref, [th, tw, sh, sw])
+    for mode in ("both_logits", "student_projected", "teacher_projected"):
+        t_side = Projected(th, tw) if mode == "teacher_projected" else th @ tw.T
+        s_side = Projected(sh, sw) if mode == "student_projected" else sh @ sw.T
+        kl = kl_forward_chunked(t_side, s_side, mask, chunk_tokens=4, vocab_chunk=6)
+        torch.testing.assert_close(kl.double(), ref.double(), rtol=1e-6, atol=1e-8)
+        got = torch.autograd.grad(kl, [th, tw, sh, sw])
+        for a, b in zip(got, ref_g):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_detached_teacher_gets_no_gradient_and_mask_none_means_all_tokens():
+    th, tw, _, sh, sw, _, _ = _setup(bias=False)
+    kl = kl_forward_chunked(Projected(th.detach(), tw.detach()), Projected(sh, sw), None, chunk_tokens=5)
+    (g,) = torch.autograd.grad(kl, [sh])
+    ref = naive_kl(th.detach() @ tw.detach().T, sh @ sw.T, torch.ones(2, 7, dtype=torch.bool))
+    (rg,) = torch.autograd.grad(ref, [sh])
+    torch.testing.assert_close(g, rg)
+
+
+class _MaxNumel(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.max = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.max = max(self.max, t.numel())
+        return out
+
+
+def test_projected_path_never_materialises_full_logits():
+    B, T, D, V = 2, 16, 4, 400
+    th, tw = torch.randn(B, T, D), torch.randn(V, D)
+    sh, sw = torch.randn(B, T, D, requires_grad=True), torch.randn(V, D, requires_grad=True)
+    with _MaxNumel() as mode:
+        kl = kl_forward_chunked(Projected(th, tw), Projected(sh, sw), None, chunk_tokens=8, vocab_chunk=100)
+        kl.backward()
+    # Largest intermediate: a weight-shaped gradient (V*D) or a chunk of logits (8*100), never B*T*V.
+    assert mode.max <= max(V * D, 8 * 100)
+    assert mode.max < B * T * V
+    assert sw.grad is not None and torch.isfinite(sw.grad).all()
+
+
+def test_kl_errors():
+    th, tw, _, sh, sw, _, mask = _setup(bias=False)
+    with pytest.raises(HybridlabError, match="selects no token"):
+        kl_forward_chunked(Projected(th, tw), Projected(sh, sw), torch.zeros_like(mask))
+    with pytest.raises(HybridlabError, match="vocab"):
+        kl_forward_chunked(Projected(th, tw), Projected(sh, sw[:5]), mask)
+
+
+def test_stage1_alignment_hand_computed():
+    s = [torch.tensor([[[1.0, 2.0], [0.0, 0.0]]]), torch.tensor([[[3.0, 0.0], [1.0, 1.0]]])]
+    t = [torch.zeros(1, 2, 2), torch.tensor([[[0.0, 4.0], [1.0, 1.0]]])]
+    # layer 0: token sq norms 5, 0 -> mean 2.5; layer 1: 9+16=25, 0 -> 12.5
+    assert stage1_alignment_loss(s, t).item() == pytest.approx((2.5 + 12.5) / 2)
+    assert stage1_alignment_loss(s, t, layer_reduction="sum").item() == pytest.approx(15.0)
+    mask = torch.tensor([[True, False]])
+    assert stage1_alignment_loss(s, t, mask).item() == pytest.approx((5 + 25) / 2)
+    d = stage1_alignment_loss({3: s[0], 7: s[1]}, {3: t[0], 7: t[1]})
+    assert d.item() == pytest.approx(7.5)
+    with pytest.raises(HybridlabError):
+        stage1_alignment_loss({3: s[0]}, {4: t[0]})
+
+
+def test_masked_ce_and_answer_accuracy():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0]],
+                           [[1.0, 0.0, 0.0], [0.0, 0.0, 5.0], [4.0, 0.0, 0.0]]])
+    labels = torch.tensor([[-100, 1, 2], [-100, 1, 0]])
+    lse = lambda row: math.log(sum(math.exp(x) for x in row))
+    want = ((lse([0, 3, 0]) - 3) + (lse([0, 0, 1]) - 1) + (lse([0, 0, 5]) - 0) + (lse([4, 0, 0]) - 4)) / 4
+    assert masked_ce(logits, labels).item() == pytest.approx(want, rel=1e-6)
+    assert masked_ce(logits, labels).item() == pytest.approx(
+        F.cross_entropy(logits.reshape(-1, 3), labels.reshape(-1)).item(), rel=1e-6)
+    # sequence 0: both answers right; sequence 1: one of two wrong
+    assert answer_accuracy(logits, labels).item() == pytest.approx(0.5)
+    assert answer_accuracy(logits, labels, per_sequence=False).item() == pytest.approx(3 / 4)
+    with pytest.raises(HybridlabError):
+        masked_ce(logits, torch.full_like(labels, -100))
