@@ -12,12 +12,18 @@ SR_SPLITS = ["train", "val", "test"]
 
 
 def corpus_params():
-    keys = ["source", "parallel_languages", "mono_languages", "max_parallel_sentences",
-            "max_mono_docs_per_language", "sentences_per_doc", "english_bible_docs", "flores_split",
-            "fineweb2_docs_per_language", "english_web", "english_web_docs"]
-    p = {k: DATA[k] for k in keys if k in DATA}
-    p.update(seed=C["seed"], english=C["languages"]["english"], packages=C["offline"]["packages"],
-             min_english_words=C["offline"]["min_english_words"])
+    """Parameters of the corpus step: OfflineCorpusConfig fields offline, loader options for the hub."""
+    if OFFLINE:
+        keys = ["parallel_languages", "mono_languages", "max_parallel_sentences", "min_parallel_sentences",
+                "max_mono_docs_per_language", "sentences_per_doc", "english_bible_docs"]
+        p = {k: DATA[k] for k in keys if k in DATA}
+        p.update(seed=C["seed"], packages=C["offline"]["packages"],
+                 min_english_words=C["offline"]["min_english_words"])
+    else:
+        keys = ["parallel_languages", "mono_languages", "flores_split", "fineweb2_docs_per_language",
+                "english_web", "english_web_docs"]
+        p = {k: DATA[k] for k in keys if k in DATA}
+        p.update(english=C["languages"]["english"])
     return as_json(p)
 
 

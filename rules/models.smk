@@ -28,6 +28,14 @@ rule teacher:
         tokenizer=TOKENIZER,
     output:
         [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+    params:
+        cfg=lambda wc: as_json({"shape": C["models"].get("teacher"), "train": C.get("train", {}).get("teacher"),
+                                "seed": C["seed"], "name": wc.teacher.replace("--", "/")}),
+        script="pretrain_teacher.py" if OFFLINE else "fetch_teacher.py",
+        work=lambda wc: R("models", f"runs/teacher_{wc.teacher}"),
+        out=lambda wc: teacher_dir(wc.teacher),
+        mixture=R("data", "mixture/multilingual"),
+        tokdir=R("data", "tokenizer"),
     log:
         LOG("models", "teacher_{teacher}"),
     benchmark:
@@ -39,7 +47,8 @@ rule teacher:
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} teacher 'teacher pre-training / hub snapshot' 4 > {log} 2>&1"
+        "{PY} workflow_scripts/{params.script} --params {params.cfg:q} --mixture {params.mixture} "
+        "--tokenizer {params.tokdir} --work {params.work} --out {params.out} > {log} 2>&1"
 
 
 rule convert:

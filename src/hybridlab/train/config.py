@@ -89,7 +89,7 @@ class TrainConfig:
         self.lr_multipliers = dict(self.lr_multipliers)
         problems = _problems(self)
         if problems:
-            raise HybridlabError("invalid TrainConfig:\n" + "\n".join(f"  {p}" for p in problems))
+            raise HybridlabError("invalid TrainConfig: " + "; ".join(problems))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
