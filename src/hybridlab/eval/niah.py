@@ -1,0 +1,274 @@
+"""Multilingual needle-in-a-haystack, OneRULER-style (Kim et al. 2025, "One ruler to measure them all").
+
+Tasks (RULER's NIAH variants plus OneRULER's "none" answer; every instruction allows answering "none"):
+- niah_single: one needle; asked for its key.               answers = [value]
+- niah_multikey: the needle + 3 distractor needles with other keys; asked for the needle's key.
+- niah_multivalue: 4 needles with the SAME key and different values; asked for all of them.
+- niah_multiquery: 4 needles with distinct keys; asked for all four keys' values.
+- niah_none: 3 distractor needles; asked for a key that has no needle.   answers = [] (expect "none")
+
+Needles: "The special magic number for {key} is: {value}." Keys are words from a word list (distinct
+per example), values distinct random 7-digit numbers. THIS PROJECT'S CHOICE: the needle, instruction and
+question templates are English for every language for now (OneRULER translates them); pass
+`NiahTemplate`s per language to localise. The haystack is the language's monolingual sentences,
+shuffled with the example's seed and cycled if the text is too short. Every needle is inserted between
+haystack sentences at a seeded uniform depth in [0, 1] (or `depth` for the queried needle).
+
+Length: `target_tokens` is measured in the EVALUATED model's tokenizer on the full prompt (with its
+special tokens): the largest number of haystack sentences whose prompt fits in `target_tokens` is
+found by bisection on the real token count, so `context_tokens` <= target and is short of it by less
+than about one haystack sentence.
+
+Scoring: normalise = lowercase and drop every non-alphanumeric character (punctuation, whitespace).
+A value counts as found if its normalised form is a substring of the normalised prediction (RULER's
+string match). `score` = fraction of expected values found (RULER's partial credit); `correct` =
+all found, the HEADLINE accuracy (all-or-nothing, so multi-value/multi-query need every value).
+For niah_none, correct iff the lowercased prediction contains the template's none word and no digit.
+
+Runner: greedy decoding one example at a time (contexts are long; no padding). Each row records
+wall time and peak memory: `torch.cuda.max_memory_allocated` on CUDA; on CPU the process peak RSS
+(Linux: VmHWM reset through /proc/self/clear_refs before each example; elsewhere the process-lifetime
+ru_maxrss, labelled `cpu_process_max_rss`). A CUDA out-of-memory error is a result row (oom=True):
+memory is freed and the run continues; longer examples are then recorded as oom without running
+(`skipped=True`) unless `skip_longer_after_oom=False`.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import polars as pl
+import torch
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+
+TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_none")
+N_DISTRACTORS = 3  # multikey and none
+N_MULTI = 4  # multivalue and multiquery
+
+DEFAULT_WORDS = tuple("""apple river candle garden mirror pencil rocket violin harbor lantern meadow
+falcon blanket compass marble orchard saddle thunder velvet walnut anchor basket cactus dolphin
+emerald feather glacier helmet island jacket kettle ladder magnet needle oyster parrot quartz ribbon
+spider tunnel umbrella volcano whistle yogurt zebra bamboo cherry dragon engine forest ginger hammer
+iceberg jungle kiwi lemon mango nutmeg olive pepper quill raven salmon tiger""".split())
+
+
+@dataclass(frozen=True)
+class NiahTemplate:
+    """Prompt pieces of one language (English by default)."""
+
+    needle: str = "The special magic number for {key} is: {value}."
+    instruction: str = ("Some special magic numbers are hidden within the following text. Make sure to "
+                         "memorize them. If the number you are asked for is not in the text, answer none.")
+    question_one: str = "What is the special magic number for {key} mentioned in the provided text?"
+    question_all_values: str = "What are all the special magic numbers for {key} mentioned in the provided text?"
+    question_many_keys: str = "What are the special magic numbers for {keys} mentioned in the provided text?"
+    answer_prefix: str = "Answer:"
+    none_word: str = "none"
+    joiner: str = ", "
+
+
+@dataclass(frozen=True)
+class NiahExample:
+    prompt: str
+    answers: tuple[str, ...]  # expected values; empty for niah_none
+    task: str
+    lang: str
+    context_tokens: int  # actual prompt length in the evaluated model's tokens
+    depth: float  # depth of the queried needle (niah_none: of the first distractor)
+    target_tokens: int = 0
+    needle_depths: tuple[float, ...] = ()
+    none_word: str = "none"
+
+
+def _n_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
+def _needles(task: str, rng: random.Random, words: Sequence[str]):
+    """(needle (key, value) list, queried keys, expected values)."""
+    n_keys = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": 1,
+              "niah_multiquery": N_MULTI, "niah_none": 1 + N_DISTRACTORS}[task]
+    n_values = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": N_MULTI,
+                "niah_multiquery": N_MULTI, "niah_none": N_DISTRACTORS}[task]
+    if len(set(words)) < n_keys:
+        raise HybridlabError(f"{task} needs {n_keys} distinct key words, the word list has {len(set(words))}")
+    keys = rng.sample(sorted(set(words)), n_keys)
+    values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), n_values)]
+    if task == "niah_multivalue":
+        return [(keys[0], v) for v in values], keys[:1], values
+    if task == "niah_multiquery":
+        return list(zip(keys, values)), keys, values
+    if task == "niah_none":  # keys[0] is asked for and has no needle
+        return list(zip(keys[1:], values)), keys[:1], []
+    return list(zip(keys, values)), keys[:1], values[:1]  # single / multikey: the first needle is queried
+
+
+def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, lang: str, target_tokens: int,
+                       seed: int, words: Sequence[str] = DEFAULT_WORDS, template: NiahTemplate | None = None,
+                       depth: float | None = None) -> NiahExample:
+    """One example whose prompt is as long as possible within `target_tokens` of `tokenizer`."""
+    if task not in TASKS:
+        raise HybridlabError(f"unknown NIAH task {task!r}; choose from {TASKS}")
+    sentences = [s.strip() for s in haystack if s and s.strip()]
+    if not sentences:
+        raise HybridlabError(f"no haystack text for {lang}; pass the language's monolingual sentences")
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise HybridlabError(f"needle depth must be in [0, 1], got {depth}")
+    tpl = template or NiahTemplate()
+    rng = random.Random(f"{seed}-{task}-{lang}-{target_tokens}")
+    needles, asked, answers = _needles(task, rng, words)
+    depths = [rng.random() for _ in needles]
+    if depth is not None:
+        depths[0] = depth
+    order = list(range(len(sentences)))
+    rng.shuffle(order)
+    if task == "niah_multiquery":
+        question = tpl.question_many_keys.format(keys=tpl.joiner.join(asked))
+    elif task == "niah_multivalue":
+        question = tpl.question_all_values.format(key=asked[0])
+    else:
+        question = tpl.question_one.format(key=asked[0])
+    needle_texts = [tpl.needle.format(key=k, value=v) for k, v in needles]
+
+    def prompt_with(n: int) -> str:
+        hay = [sentences[order[i % len(order)]] for i in range(n)]
+        # insert deepest-first so earlier insertions do not shift the later positions
+        for d, text in sorted(zip(depths, needle_texts), key=lambda p: -p[0]):
+            hay.insert(round(d * len(hay)), text)
+        return f"{tpl.instruction}\n\n{' '.join(hay)}\n\n{question}\n{tpl.answer_prefix}"
+
+    if _n_tokens(tokenizer, prompt_with(0)) > target_tokens:
+        raise HybridlabError(f"target of {target_tokens} tokens is shorter than the prompt without haystack "
+                             f"({_n_tokens(tokenizer, prompt_with(0))} tokens); use a longer context length")
+    lo, hi = 0, 1  # invariant: prompt_with(lo) fits; grow hi until it does not
+    while _n_tokens(tokenizer, prompt_with(hi)) <= target_tokens:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _n_tokens(tokenizer, prompt_with(mid)) <= target_tokens:
+            lo = mid
+        else:
+            hi = mid
+    prompt = prompt_with(lo)
+    return NiahExample(prompt=prompt, answers=tuple(answers), task=task, lang=lang,
+                       context_tokens=_n_tokens(tokenizer, prompt), depth=depths[0], target_tokens=target_tokens,
+                       needle_depths=tuple(depths), none_word=tpl.none_word)
+
+
+def build_niah_suite(tokenizer: Any, haystacks: dict[str, Sequence[str]], *, tasks: Sequence[str] = TASKS,
+                     lengths: Sequence[int], n_per_cell: int, seed: int, words: Sequence[str] = DEFAULT_WORDS,
+                     templates: dict[str, NiahTemplate] | None = None) -> list[NiahExample]:
+    """Examples for every (language, task, length) cell, `n_per_cell` each (seeds seed, seed+1, ...)."""
+    return [build_niah_example(tokenizer, hay, task=task, lang=lang, target_tokens=length, seed=seed + i,
+                               words=words, template=(templates or {}).get(lang))
+            for lang, hay in haystacks.items() for task in tasks for length in lengths for i in range(n_per_cell)]
+
+
+def normalise(text: str) -> str:
+    """Lowercase and drop every non-alphanumeric character (punctuation and whitespace)."""
+    return re.sub(r"[\W_]+", "", text.lower())
+
+
+def score_prediction(prediction: str, answers: Sequence[str], task: str, none_word: str = "none") -> tuple[float, bool]:
+    """(fraction of expected values found, all found); niah_none: none word and no digit."""
+    if task == "niah_none":
+        ok = none_word.lower() in prediction.lower() and not re.search(r"\d", prediction)
+        return float(ok), ok
+    if not answers:
+        raise HybridlabError(f"task {task} needs expected answers")
+    pred = normalise(prediction)
+    found = sum(normalise(a) in pred for a in answers)
+    return found / len(answers), found == len(answers)
+
+
+def _peak_memory_start(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        return "cuda_max_allocated"
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/clear_refs", "w") as f:  # "5" resets the VmHWM high-water mark
+            f.write("5")
+        return "cpu_peak_rss"
+    return "cpu_process_max_rss"
+
+
+def _peak_memory_bytes(dev: torch.device, kind: str) -> int:
+    if kind == "cuda_max_allocated":
+        return int(torch.cuda.max_memory_allocated(dev))
+    if kind == "cpu_peak_rss":
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB elsewhere
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+ROW_SCHEMA = {"task": pl.String, "lang": pl.String, "target_tokens": pl.Int64, "context_tokens": pl.Int64,
+              "depth": pl.Float64, "prediction": pl.String, "score": pl.Float64, "correct": pl.Boolean,
+              "oom": pl.Boolean, "skipped": pl.Boolean, "seconds": pl.Float64, "peak_memory_bytes": pl.Int64,
+              "memory_kind": pl.String}
+
+
+def run_niah(model: nn.Module, tokenizer: Any, examples: Sequence[NiahExample], max_new_tokens: int,
+             device: str | torch.device | None = None, *, skip_longer_after_oom: bool = True) -> pl.DataFrame:
+    """Greedy-decode every example; one tidy row each (see ROW_SCHEMA); OOM is a row, not a crash."""
+    if max_new_tokens < 1:
+        raise HybridlabError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows, oom_at = [], None
+    was_training = model.training
+    model.eval()
+    try:
+        for ex in examples:
+            row: dict[str, Any] = {"task": ex.task, "lang": ex.lang, "target_tokens": ex.target_tokens,
+                                   "context_tokens": ex.context_tokens, "depth": ex.depth, "prediction": None,
+                                   "score": 0.0, "correct": False, "oom": False, "skipped": False,
+                                   "seconds": None, "peak_memory_bytes": None, "memory_kind": None}
+            if skip_longer_after_oom and oom_at is not None and ex.context_tokens >= oom_at:
+                rows.append(row | {"oom": True, "skipped": True})
+                continue
+            kind = _peak_memory_start(dev)
+            start = time.perf_counter()
+            try:
+                ids = tokenizer(ex.prompt, return_tensors="pt")["input_ids"].to(dev)
+                with torch.inference_mode():
+                    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                         max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+                prediction = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                score, correct = score_prediction(prediction, ex.answers, ex.task, ex.none_word)
+                row |= {"prediction": prediction, "score": score, "correct": correct}
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+                oom_at = ex.context_tokens if oom_at is None else min(oom_at, ex.context_tokens)
+            finally:
+                row["seconds"] = time.perf_counter() - start
+                row["peak_memory_bytes"] = _peak_memory_bytes(dev, kind)
+                row["memory_kind"] = kind
+                ids = out = None  # drop references before freeing cached blocks
+                if row["oom"]:
+                    gc.collect()
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+            rows.append(row)
+    finally:
+        model.train(was_training)
+    return pl.DataFrame(rows, schema=ROW_SCHEMA)
+
+
+def summarise_niah(results: pl.DataFrame) -> pl.DataFrame:
+    """Accuracy (mean `correct`, OOM rows count as wrong), mean score and OOM rate per (lang, task, length)."""
+    return (results.group_by("lang", "task", "target_tokens")
+            .agg(pl.len().alias("n"), pl.col("correct").mean().alias("accuracy"),
+                 pl.col("score").mean().alias("score"), pl.col("oom").mean().alias("oom_rate"),
+                 pl.col("seconds").mean().alias("seconds"),
+                 pl.col("peak_memory_bytes").max().alias("peak_memory_bytes"))
+            .sort("lang", "task", "target_tokens"))

@@ -1,0 +1,160 @@
+"""Attention recency of full-attention (FA) layers: local attention mass and mean attention distance.
+
+Definitions, per layer and head, for causal attention probabilities A[q, k] (rows sum to 1, k <= q):
+
+- Recency mass at window w: for each query q >= w (so the window holds w real keys and at least one
+  key lies outside it), m_w(q) = sum_{k in (q - w, q]} A[q, k]; averaged over all such queries, pooled
+  over sequences (padding queries excluded). m_w = 1 means the head only looks at the last w tokens.
+- Mean attention distance: d(q) = sum_k A[q, k] (q - k), averaged over all (non-padding) queries
+  q >= 0, pooled over sequences. It grows with the context length, so compare at equal lengths.
+
+The runner reads the attention probabilities of the requested FA layers with forward hooks on their
+attention modules, which return (output, weights) under `attn_implementation="eager"` (the model is
+also called with `output_attentions=True` for models that only return weights when asked). Hooks
+rather than `outputs.attentions` because in a converted hybrid only the FA layers record attentions,
+so tuple positions would not match layer indices. Each batch is reduced to per-head sums at once, so
+only one batch's [B, H, T, T] weights per FA layer exist at a time. Used to compare hybrid and
+non-hybrid models: do the FA layers of hybrids attend further back than those of dense models?
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import polars as pl
+import torch
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+from hybridlab.eval.capture import find_decoder_layers
+
+ROW_SCHEMA = {"layer": pl.Int64, "head": pl.Int64, "window": pl.Int64, "mass": pl.Float64,
+              "mean_distance": pl.Float64}
+
+
+def _check_attn(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None) -> torch.Tensor:
+    if attn_BHTT.dim() != 4 or attn_BHTT.shape[-1] != attn_BHTT.shape[-2]:
+        raise HybridlabError(f"attention probabilities must be [B, H, T, T], got {tuple(attn_BHTT.shape)}")
+    B, _, T, _ = attn_BHTT.shape
+    if query_mask_BT is None:
+        return torch.ones(B, T, dtype=torch.bool, device=attn_BHTT.device)
+    if query_mask_BT.shape != (B, T):
+        raise HybridlabError(f"query mask must be [B, T] = [{B}, {T}], got {tuple(query_mask_BT.shape)}")
+    return query_mask_BT.to(attn_BHTT.device, torch.bool)
+
+
+def recency_mass_sums(attn_BHTT: torch.Tensor, window: int,
+                      query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """(sum over eligible queries of m_w(q) per head [H], number of eligible queries)."""
+    if window < 1:
+        raise HybridlabError(f"recency window must be >= 1, got {window}")
+    valid_BT = _check_attn(attn_BHTT, query_mask_BT)
+    T = attn_BHTT.shape[-1]
+    q_T1 = torch.arange(T, device=attn_BHTT.device)[:, None]
+    k_1T = torch.arange(T, device=attn_BHTT.device)[None, :]
+    in_window_TT = (k_1T <= q_T1) & (k_1T > q_T1 - window)
+    mass_BHT = (attn_BHTT.float() * in_window_TT).sum(-1)
+    eligible_BT = valid_BT & (torch.arange(T, device=attn_BHTT.device) >= window)[None, :]
+    return (mass_BHT * eligible_BT[:, None, :]).sum((0, 2)).double().cpu(), int(eligible_BT.sum())
+
+
+def distance_sums(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """(sum over valid queries of d(q) per head [H], number of valid queries)."""
+    valid_BT = _check_attn(attn_BHTT, query_mask_BT)
+    T = attn_BHTT.shape[-1]
+    pos_T = torch.arange(T, device=attn_BHTT.device, dtype=torch.float32)
+    dist_TT = (pos_T[:, None] - pos_T[None, :]).clamp_min(0.0)
+    dist_BHT = (attn_BHTT.float() * dist_TT).sum(-1)
+    return (dist_BHT * valid_BT[:, None, :]).sum((0, 2)).double().cpu(), int(valid_BT.sum())
+
+
+def recency_mass(attn_BHTT: torch.Tensor, window: int, query_mask_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head mean over queries q >= window of the attention mass on the last `window` keys; [H]."""
+    total_H, n = recency_mass_sums(attn_BHTT, window, query_mask_BT)
+    if n == 0:
+        raise HybridlabError(f"no query position >= window {window}; use longer sequences or a smaller window")
+    return total_H / n
+
+
+def mean_attention_distance(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head mean over queries of sum_k A[q, k] (q - k); [H]."""
+    total_H, n = distance_sums(attn_BHTT, query_mask_BT)
+    if n == 0:
+        raise HybridlabError("no valid query positions (the query mask is all False)")
+    return total_H / n
+
+
+def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | torch.Tensor,
+                      fa_layers: Sequence[int], windows: Sequence[int], *,
+                      device: str | torch.device | None = None, batch_size: int = 4) -> pl.DataFrame:
+    """Recency mass per window and mean distance for every head of the given FA layers (tidy rows)."""
+    if not fa_layers:
+        raise HybridlabError("fa_layers is empty; pass the indices of the full-attention layers")
+    if not windows:
+        raise HybridlabError("windows is empty; pass at least one recency window (e.g. [16, 64])")
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl != "eager":
+        raise HybridlabError(f"attention recency needs attention probabilities but the model uses "
+                             f"attn_implementation={impl!r}; load it with attn_implementation='eager'")
+    _, decoder = find_decoder_layers(model)
+    for layer in fa_layers:
+        if not 0 <= layer < len(decoder) or not isinstance(getattr(decoder[layer], "self_attn", None), nn.Module):
+            raise HybridlabError(f"layer {layer} is not a full-attention layer with a self_attn module "
+                                 f"(model has {len(decoder)} layers); check the FA layer indices")
+    seqs = [list(map(int, s)) for s in (sequences.tolist() if torch.is_tensor(sequences) else sequences)]
+    if not seqs or min(len(s) for s in seqs) == 0:
+        raise HybridlabError("attention recency needs at least one non-empty sequence")
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+
+    weights: dict[int, torch.Tensor | None] = {}
+    handles = []
+    for layer in fa_layers:
+        def hook(_m, _a, out, layer=layer):
+            weights[layer] = out[1] if isinstance(out, (tuple, list)) and len(out) > 1 else None
+        handles.append(decoder[layer].self_attn.register_forward_hook(hook))
+    mass_sum = {(la, w): 0.0 for la in fa_layers for w in windows}
+    mass_n = dict.fromkeys(mass_sum, 0)
+    dist_sum: dict[int, torch.Tensor | float] = dict.fromkeys(fa_layers, 0.0)
+    dist_n = dict.fromkeys(fa_layers, 0)
+    was_training = model.training
+    model.eval()
+    try:
+        for b0 in range(0, len(seqs), batch_size):
+            batch = seqs[b0:b0 + batch_size]
+            t_max = max(len(s) for s in batch)
+            ids_BT = torch.zeros(len(batch), t_max, dtype=torch.long)
+            mask_BT = torch.zeros(len(batch), t_max, dtype=torch.long)
+            for r, s in enumerate(batch):  # right padding: real queries never see padded keys
+                ids_BT[r, :len(s)] = torch.tensor(s)
+                mask_BT[r, :len(s)] = 1
+            weights.clear()
+            with torch.inference_mode():
+                model(input_ids=ids_BT.to(dev), attention_mask=mask_BT.to(dev), output_attentions=True,
+                      use_cache=False)
+            for layer in fa_layers:
+                attn = weights.get(layer)
+                if attn is None:
+                    raise HybridlabError(f"layer {layer} returned no attention weights; is it a full-attention "
+                                         "layer run with attn_implementation='eager'?")
+                for w in windows:
+                    s_H, n = recency_mass_sums(attn, w, mask_BT)
+                    mass_sum[(layer, w)] = mass_sum[(layer, w)] + s_H
+                    mass_n[(layer, w)] += n
+                s_H, n = distance_sums(attn, mask_BT)
+                dist_sum[layer] = dist_sum[layer] + s_H
+                dist_n[layer] += n
+            weights.clear()
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    rows = []
+    for layer in fa_layers:
+        dist_H = dist_sum[layer] / dist_n[layer]
+        for w in windows:
+            if mass_n[(layer, w)] == 0:
+                raise HybridlabError(f"no query position >= window {w}; use longer sequences or a smaller window")
+            mass_H = mass_sum[(layer, w)] / mass_n[(layer, w)]
+            rows += [{"layer": layer, "head": h, "window": w, "mass": float(mass_H[h]),
+                      "mean_distance": float(dist_H[h])} for h in range(mass_H.shape[0])]
+    return pl.DataFrame(rows, schema=ROW_SCHEMA)

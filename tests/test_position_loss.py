@@ -1,0 +1,102 @@
+import math
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from hybridlab.errors import HybridlabError
+from hybridlab.eval.perplexity import token_nll
+from hybridlab.eval.position_loss import (
+    bucket_edges,
+    key_token_mask,
+    long_ppl,
+    loss_by_position,
+    run_position_loss,
+    short_window_nll,
+)
+
+
+def test_bucket_edges():
+    assert bucket_edges(10) == [1, 2, 4, 8, 10]
+    assert bucket_edges(9) == [1, 2, 4, 8, 9]
+    assert bucket_edges(8, "fixed", width=3) == [1, 3, 6, 8]
+    assert bucket_edges(7, "fixed", width=3) == [1, 3, 6, 7]
+    with pytest.raises(HybridlabError, match="width"):
+        bucket_edges(8, "fixed")
+    with pytest.raises(HybridlabError, match="unknown bucket scheme"):
+        bucket_edges(8, "linear")
+
+
+def test_loss_by_position_hand_computed():
+    # T = 6 -> targets 1..5; log2 buckets [1,2) [2,4) [4,6)
+    nll = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 4.0, 5.0, 6.0, 7.0]])
+    df = loss_by_position(nll, bucket_edges(6))
+    assert df.to_dicts() == [
+        {"bucket_lo": 1, "bucket_hi": 2, "n_tokens": 2, "mean_loss": 2.0},
+        {"bucket_lo": 2, "bucket_hi": 4, "n_tokens": 4, "mean_loss": 3.5},
+        {"bucket_lo": 4, "bucket_hi": 6, "n_tokens": 4, "mean_loss": 5.5},
+    ]
+    mask = torch.ones_like(nll, dtype=torch.bool)
+    mask[1, 4] = False  # drops the 7
+    assert loss_by_position(nll, bucket_edges(6), mask)["mean_loss"].to_list()[2] == pytest.approx((4 + 5 + 6) / 3)
+
+
+def test_key_tokens_and_long_ppl_hand_computed():
+    long = torch.tensor([0.5, 1.0, 3.0, 0.1])
+    short = torch.tensor([3.0, 1.5, 6.0, 0.2])  # gains 2.5, 0.5, 3.0, 0.1
+    key = key_token_mask(long, short, threshold=2.0)
+    assert key.tolist() == [True, False, True, False]
+    assert long_ppl(long, key) == pytest.approx(math.exp((0.5 + 3.0) / 2))
+    filtered = key_token_mask(long, short, threshold=2.0, min_long_logprob=-2.0)  # log p_long = -3 fails
+    assert filtered.tolist() == [True, False, False, False]
+    assert long_ppl(long, torch.zeros(4, dtype=torch.bool)) is None
+
+
+def _qwen3():
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, intermediate_size=64)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def _brute_short(model, ids, window, stride):
+    """Per target t the documented context: full prefix for t < w + k, else the window of its chunk."""
+    out = []
+    for t in range(1, len(ids)):
+        if t < window + stride:
+            s = 0
+        else:
+            s = ((t - window) // stride) * stride
+        with torch.no_grad():
+            logits = model(input_ids=ids[None, s:t + 1]).logits
+        out.append(float(token_nll(logits, ids[None, s:t + 1])[0, -1]))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_short_window_nll_matches_per_target_forward(stride):
+    model = _qwen3()
+    ids = torch.randint(0, 64, (15,), generator=torch.Generator().manual_seed(1))
+    got = short_window_nll(model, ids, window=4, stride=stride, batch_size=3)
+    torch.testing.assert_close(got, _brute_short(model, ids, 4, stride), atol=1e-5, rtol=1e-5)
+    if stride == 1:  # exactly w = 4 context tokens for t > 4: the target at t=10 sees x_6..x_9 only
+        with torch.no_grad():
+            ref = token_nll(model(input_ids=ids[None, 6:11]).logits, ids[None, 6:11])[0, -1]
+        assert float(got[9]) == pytest.approx(float(ref), abs=1e-5)
+
+
+def test_run_position_loss_end_to_end():
+    model = _qwen3()
+    docs = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
+    res = run_position_loss(model, docs, short_window=4, batch_size=2, threshold=0.05)
+    assert res.buckets["n_tokens"].sum() == 3 * 19 == res.n_tokens
+    with torch.no_grad():
+        full = token_nll(model(input_ids=docs).logits, docs)
+    torch.testing.assert_close(res.long_nll, full, atol=1e-5, rtol=1e-5)
+    assert res.ppl == pytest.approx(math.exp(float(full.double().mean())), rel=1e-5)
+    torch.testing.assert_close(res.short_nll[:, :4], res.long_nll[:, :4], atol=1e-5, rtol=1e-5)  # t <= w
+    key = (res.short_nll - res.long_nll) > 0.05
+    assert res.n_key_tokens == int(key.sum()) > 0
+    assert res.long_ppl == pytest.approx(math.exp(float(res.long_nll[key].double().mean())), rel=1e-6)
+    with pytest.raises(HybridlabError, match="shorter than the documents"):
+        run_position_loss(model, docs, short_window=19)

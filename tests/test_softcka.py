@@ -1,0 +1,219 @@
+import math
+
+import pytest
+import torch
+
+from hybridlab.errors import HybridlabError
+from hybridlab.eval.softcka import (
+    center_gram,
+    cka_from_grams,
+    flatten_sets,
+    median_sigma,
+    pair_alignment,
+    rff_error_bound,
+    rff_sentence_gram,
+    sentence_gram,
+    soft_cka,
+)
+
+
+def _structured_sets(n_sent=40, dim=16, seed=0, lo=3, hi=9, latent_scale=1.5):
+    """Sentences whose tokens share a per-sentence latent direction (so sentences differ in meaning)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n_sent, dim, generator=g) * latent_scale
+    sets = []
+    for i in range(n_sent):
+        n = int(torch.randint(lo, hi, (1,), generator=g))
+        sets.append(z[i] + torch.randn(n, dim, generator=g))
+    return sets, z
+
+
+def _brute_gram(sets, sigma):
+    n = len(sets)
+    K = torch.zeros(n, n, dtype=torch.float64)
+    for i in range(n):
+        for j in range(n):
+            total = 0.0
+            for a in sets[i].double():
+                for b in sets[j].double():
+                    total += math.exp(-float(((a - b) ** 2).sum()) / (2 * sigma**2))
+            K[i, j] = total / (len(sets[i]) * len(sets[j]))
+    return K
+
+
+def _retokenise(sets, seed):
+    """Same content, different tokenisation: merge random neighbour pairs (mean) or split a token in two."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in sets:
+        rows, t = [], 0
+        while t < len(s):
+            r = float(torch.rand(1, generator=g))
+            if r < 0.3 and t + 1 < len(s):
+                rows.append((s[t] + s[t + 1]) / 2)
+                t += 2
+            elif r < 0.5:
+                rows += [s[t], s[t]]
+                t += 1
+            else:
+                rows.append(s[t])
+                t += 1
+        out.append(torch.stack(rows))
+    return out
+
+
+def test_sentence_gram_matches_brute_force_double_loop_across_block_sizes():
+    sets, _ = _structured_sets(n_sent=12, dim=5, seed=1, lo=1, hi=6)
+    flat, off = flatten_sets(sets)
+    sigma = median_sigma(flat)
+    K_ref = _brute_gram(sets, sigma)
+    for block_tokens in (1, 7, 4096):  # 1 -> one sentence per block; 7 -> mixed blocks; 4096 -> one block
+        K, s = sentence_gram(flat, off, block_tokens=block_tokens)
+        assert s == pytest.approx(sigma)
+        torch.testing.assert_close(K, K_ref, atol=2e-6, rtol=1e-5)
+    assert K_ref[0, 0] > K_ref[0, 1]  # the reference itself is not degenerate
+
+
+def test_median_sigma_uses_all_pairs_when_few_and_a_close_sample_when_many():
+    x = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
+    assert median_sigma(x) == pytest.approx(float(torch.pdist(x).median()))
+    y = torch.randn(3000, 4, generator=torch.Generator().manual_seed(1))
+    exact = float(torch.pdist(y).median())
+    sampled = median_sigma(y, median_pairs=20_000, seed=3)
+    assert sampled != exact and abs(sampled - exact) / exact < 0.02
+    assert median_sigma(y, median_pairs=20_000, seed=3) == sampled  # seeded
+
+
+def test_cka_from_grams_matches_trace_formula_with_explicit_centring():
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(7, 3, generator=g, dtype=torch.float64), torch.randn(7, 4, generator=g, dtype=torch.float64)
+    K, L = A @ A.T, B @ B.T
+    H = torch.eye(7, dtype=torch.float64) - 1.0 / 7
+    hsic = lambda P, Q: torch.trace(P @ H @ Q @ H)  # noqa: E731
+    expected = float(hsic(K, L) / torch.sqrt(hsic(K, K) * hsic(L, L)))
+    assert cka_from_grams(K, L) == pytest.approx(expected, rel=1e-10)
+    assert cka_from_grams(center_gram(K), center_gram(L), centered=True) == pytest.approx(expected, rel=1e-10)
+    # linear CKA of linear kernels is the feature-space formula ||Y^T X||^2 / (||X^T X|| ||Y^T Y||)
+    Ac, Bc = A - A.mean(0), B - B.mean(0)
+    feat = float((Bc.T @ Ac).norm() ** 2 / ((Ac.T @ Ac).norm() * (Bc.T @ Bc).norm()))
+    assert cka_from_grams(K, L) == pytest.approx(feat, rel=1e-10)
+
+
+def test_identical_inputs_give_one_for_exact_and_rff():
+    sets, _ = _structured_sets()
+    for method in ("exact", "rff"):
+        r = soft_cka(sets, [s.clone() for s in sets], method=method, n_features=256)
+        assert r.cka == pytest.approx(1.0, abs=1e-9)
+        assert r.cka_debiased == pytest.approx(1.0, abs=1e-9)
+        assert r.alignment == pytest.approx(1.0, abs=1e-9)
+
+
+def test_invariant_to_rotation_and_isotropic_scaling_of_one_language():
+    sets, _ = _structured_sets(seed=2)
+    x_sets = _retokenise(sets, seed=5)
+    base = soft_cka(sets, x_sets)
+    Q, _ = torch.linalg.qr(torch.randn(16, 16, generator=torch.Generator().manual_seed(9)))
+    moved = soft_cka(sets, [7.5 * s @ Q for s in x_sets])
+    assert moved.sigma_x == pytest.approx(7.5 * base.sigma_x, rel=1e-5)
+    assert moved.cka == pytest.approx(base.cka, abs=1e-6)
+    assert moved.alignment == pytest.approx(base.alignment, abs=1e-6)
+    assert moved.cka_debiased == pytest.approx(base.cka_debiased, abs=1e-6)
+
+
+def test_different_tokenisation_is_handled_and_shuffling_lowers_similarity():
+    sets, _ = _structured_sets(n_sent=40, seed=3)
+    x_sets = _retokenise(sets, seed=11)
+    assert [len(s) for s in x_sets] != [len(s) for s in sets]
+    aligned = soft_cka(sets, x_sets)
+    perm = torch.randperm(len(sets), generator=torch.Generator().manual_seed(0)).tolist()
+    shuffled = soft_cka(sets, [x_sets[i] for i in perm])
+    assert aligned.cka > 0.9
+    assert shuffled.cka < aligned.cka - 0.3
+    assert shuffled.alignment < aligned.alignment - 0.5
+    assert abs(shuffled.cka_debiased) < 0.15 < aligned.cka_debiased
+
+
+def test_debiased_cka_is_near_zero_for_unrelated_data_while_plain_cka_is_biased_up():
+    a, _ = _structured_sets(n_sent=60, seed=4)
+    b, _ = _structured_sets(n_sent=60, seed=5)
+    r = soft_cka(a, b)
+    assert r.cka > 0.1
+    assert abs(r.cka_debiased) < 0.1
+
+
+def test_pair_alignment_matches_per_row_cosine_without_diagonal():
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)
+    K, L = A @ A.T, B @ B.T
+    Kc, Lc = center_gram(K), center_gram(L)
+    got = pair_alignment(K, L)
+    for i in range(6):
+        keep = [j for j in range(6) if j != i]
+        u, v = Kc[i, keep], Lc[i, keep]
+        assert float(got[i]) == pytest.approx(float(u @ v / (u.norm() * v.norm())), rel=1e-10)
+    torch.testing.assert_close(pair_alignment(K, K), torch.ones(6, dtype=torch.float64))
+
+
+def test_english_gram_reuse_gives_the_same_result():
+    sets, _ = _structured_sets(seed=6)
+    x_sets = _retokenise(sets, seed=1)
+    flat, off = flatten_sets(sets)
+    K = sentence_gram(flat, off)
+    assert soft_cka(sets, x_sets, eng_gram=K) == soft_cka(sets, x_sets)
+    assert soft_cka((flat, off), x_sets) == soft_cka(sets, x_sets)
+
+
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_rff_gram_error_within_hoeffding_bound_and_shrinks_with_features(orthogonal):
+    sets, _ = _structured_sets(n_sent=30, seed=7)
+    flat, off = flatten_sets(sets)
+    K, sigma = sentence_gram(flat, off)
+    errs = {}
+    for n_features in (128, 8192):
+        K_rff, s = rff_sentence_gram(flat, off, n_features, seed=0, orthogonal=orthogonal)
+        assert s == sigma
+        errs[n_features] = float((K_rff - K).abs().max())
+        assert errs[n_features] <= rff_error_bound(30, n_features, delta=0.01)
+    assert errs[8192] < errs[128] / 3  # ~ 1/sqrt(F): a 64x feature increase gives ~8x
+    assert rff_error_bound(30, 8192) == pytest.approx(math.sqrt(2 * math.log(2 * 900 / 0.01) / 4096))
+
+
+def test_rff_soft_cka_close_to_exact():
+    sets, _ = _structured_sets(n_sent=40, seed=8)
+    x_sets = _retokenise(sets, seed=2)
+    exact = soft_cka(sets, x_sets)
+    approx = soft_cka(sets, x_sets, method="rff", n_features=4096)
+    assert approx.method == "rff"
+    assert approx.cka == pytest.approx(exact.cka, abs=0.005)
+    assert approx.alignment == pytest.approx(exact.alignment, abs=0.005)
+
+
+def test_user_errors_are_clear():
+    sets, _ = _structured_sets(n_sent=6)
+    with pytest.raises(HybridlabError, match="same parallel sentences"):
+        soft_cka(sets, sets[:5])
+    with pytest.raises(HybridlabError, match="non-empty"):
+        soft_cka(sets, sets[:5] + [torch.zeros(0, 16)])
+    with pytest.raises(HybridlabError, match="even"):
+        soft_cka(sets, sets, method="rff", n_features=7)
+    with pytest.raises(HybridlabError, match="unknown SoftCKA method"):
+        soft_cka(sets, sets, method="kernel")
+    with pytest.raises(HybridlabError, match="identical"):
+        median_sigma(torch.ones(10, 3))
+    flat, off = flatten_sets(sets)
+    with pytest.raises(HybridlabError, match="offsets"):
+        sentence_gram(flat, off[:-1])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_gram_matches_cpu():
+    sets, _ = _structured_sets(n_sent=50, seed=9)
+    flat, off = flatten_sets(sets)
+    K_cpu, s_cpu = sentence_gram(flat, off, block_tokens=64)
+    K_gpu, s_gpu = sentence_gram(flat, off, block_tokens=64, device="cuda")
+    assert s_gpu == pytest.approx(s_cpu, rel=1e-5)
+    torch.testing.assert_close(K_gpu, K_cpu, atol=1e-5, rtol=1e-4)
+    R_cpu, _ = rff_sentence_gram(flat, off, 512, seed=0)
+    R_gpu, _ = rff_sentence_gram(flat, off, 512, seed=0, device="cuda")
+    torch.testing.assert_close(R_gpu, R_cpu, atol=1e-4, rtol=1e-4)
