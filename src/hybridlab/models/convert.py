@@ -1,0 +1,345 @@
+"""Convert a dense transformers causal LM into a hybrid (RADLADS / HALO style attention transfer).
+
+Every decoder layer NOT in ``fa_layers`` gets its ``self_attn`` replaced by a :class:`MixerAttention`
+wrapping a recurrent mixer from :func:`hybridlab.models.mixers.build_mixer`. The mixer inherits the
+teacher attention's projections:
+
+- ``q_proj`` and ``o_proj`` are copied (weights and biases);
+- ``k_proj`` / ``v_proj`` have ``num_key_value_heads`` heads; each KV head is repeated for the
+  ``num_attention_heads / num_key_value_heads`` query heads of its group (``repeat_interleave`` over
+  heads, the same grouping as transformers' ``repeat_kv``), giving ``num_attention_heads`` heads;
+- head_dim comes from the teacher config (``head_dim``, else hidden_size / num_attention_heads);
+- everything else in the mixer (gates, beta, short convs, output norm) keeps the mixer's own
+  (fla-style) initialisation, drawn from ``torch.manual_seed(seed)`` in a forked RNG.
+
+q_norm / k_norm (Qwen3: RMSNorm over head_dim; OLMo-3: RMSNorm over the whole projection): GDN and KDA
+L2-normalise q and k per head, and ``l2norm(w * x / rms(x)) = l2norm(w * x)`` whatever the RMS is
+taken over, so the norm's only lasting effect on a head's direction is its per-channel gain ``w``.
+``qk_norm="fold"`` (default) multiplies that gain into the copied q/k projection rows: per head, the
+mixer's projected q/k then point exactly where the teacher's normalised q/k do. (The mixer's depthwise
+short conv commutes with the gain; its SiLU feature map does not, so the mixer's features differ from
+the teacher's either way - folding keeps the teacher's channel weighting going into them.)
+``qk_norm="drop"`` copies the projections bit-identically and discards the gain. GLA does not
+L2-normalise q/k, so for it "fold" keeps the gain but not the teacher's per-token RMS scale.
+
+Granite: ``attention_multiplier`` is the softmax temperature (GraniteAttention's ``scaling``); it has
+no counterpart in a linear mixer and is not transferred (mixers keep fla's K**-0.5 query scale).
+Granite's residual/embedding/logits multipliers live outside ``self_attn`` and stay in force.
+OLMo-3 sliding-window layers that become mixers simply lose the window (a mixer sees all history).
+
+The result stays the teacher's transformers class: ``config.layer_types`` is untouched (the decoder
+uses it to choose masks and RoPE); the hybrid layout lives in ``model.hybridlab_spec``
+(:class:`HybridSpec`). Forward hooks on ``layers[i].self_attn`` see ``(y_BTD, None)`` for mixers and
+``(y_BTD, attn_weights)`` for attention, so patching code treats both alike; ``outputs.attentions``
+holds one entry per FA layer (as in transformers' native hybrids). Padding: the decoder's 2D
+``attention_mask`` is captured by a forward pre-hook on the decoder stack and handed to the mixers
+(transformers only passes each layer a 4D mask, or None for SDPA without padding).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+from hybridlab.models.cache import mixer_cache_slot
+from hybridlab.models.placements import FULL_ATTENTION
+
+TESTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM", "GraniteForCausalLM", "Olmo3ForCausalLM")
+_PROJ_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
+# MixerConfig fields fixed by the teacher: overriding them would break weight inheritance.
+_INHERITED_FIELDS = ("kind", "hidden_size", "num_heads", "head_k_dim", "head_v_dim", "qkv_bias", "o_bias")
+QK_NORM_MODES = ("fold", "drop")
+
+
+@dataclass
+class HybridSpec:
+    """What makes a model a hybrid: which layers keep attention and how the mixers are configured.
+
+    ``extra`` is free-form provenance for callers (e.g. the placement scheme and ratio); it is saved in
+    hybrid.json and restored by load_hybrid, never interpreted here.
+    """
+
+    fa_layers: list[int]
+    mixer_kind: str
+    mixer_config: dict
+    num_layers: int
+    qk_norm: str = "fold"
+    seed: int = 0
+    base_model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def layer_types(self) -> list[str]:
+        fa = set(self.fa_layers)
+        return [FULL_ATTENTION if i in fa else self.mixer_kind for i in range(self.num_layers)]
+
+    @property
+    def mixer_layers(self) -> list[int]:
+        fa = set(self.fa_layers)
+        return [i for i in range(self.num_layers) if i not in fa]
+
+
+class PaddingContext:
+    """The current forward's 2D padding mask ([B, S], 1 real / 0 pad; None = no padding), shared by all mixers."""
+
+    def __init__(self):
+        self.mask_BS: torch.Tensor | None = None
+
+    def mask_for(self, num_tokens: int) -> torch.Tensor | None:
+        if self.mask_BS is None:
+            return None
+        if self.mask_BS.shape[1] < num_tokens:
+            raise HybridlabError(
+                f"attention_mask covers {self.mask_BS.shape[1]} positions but the input has {num_tokens}; "
+                "pass a [batch, past + new tokens] mask"
+            )
+        return self.mask_BS[:, -num_tokens:]
+
+
+class CapturePaddingMask:
+    """Hooks on the decoder stack: `pre` stores its 2D attention_mask in a PaddingContext, `post` clears it.
+
+    Clearing after every forward (also on errors) means a mixer called outside a decoder forward never
+    sees a stale mask from an earlier batch; it then runs unmasked, like an attention module given no mask.
+    """
+
+    def __init__(self, context: PaddingContext):
+        self.context = context
+
+    def pre(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+            raise HybridlabError(
+                "hybrid models need a 2D [batch, seq] attention_mask (1 real, 0 pad), not a 4D or precomputed mask"
+            )
+        # An all-ones mask means no padding; None lets the mixers take their unmasked path.
+        self.context.mask_BS = None if mask is None or bool(mask.all()) else mask
+        return None
+
+    def post(self, module, args, kwargs, output):
+        self.context.mask_BS = None
+        return None
+
+
+class MixerAttention(nn.Module):
+    """Stands in for ``self_attn``: the attention call signature adapted to a recurrent mixer.
+
+    Returns ``(y_BTD, None)`` like an attention module that returns no weights; keeps the mixer's
+    ``MixerState`` in the transformers cache slot of its layer (see hybridlab.models.cache).
+    """
+
+    def __init__(self, mixer: nn.Module, layer_idx: int, kind: str, padding: PaddingContext):
+        super().__init__()
+        self.mixer = mixer
+        self.layer_idx = layer_idx
+        self.kind = kind
+        self.padding = padding
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        num_tokens = hidden_states.shape[1]
+        mask_BT = self.padding.mask_for(num_tokens)
+        slot = mixer_cache_slot(cache, self.layer_idx) if cache is not None else None
+        y_BTD, state = self.mixer(
+            hidden_states,
+            attention_mask_BT=mask_BT,
+            state=slot.state if slot is not None else None,
+            use_cache=slot is not None,
+        )
+        if slot is not None:
+            slot.update_state(state, num_tokens)
+        return y_BTD, None
+
+    def extra_repr(self) -> str:
+        return f"layer_idx={self.layer_idx}, kind={self.kind!r}"
+
+
+def _decoder_layers(model) -> tuple[nn.Module, nn.ModuleList]:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None or not all(hasattr(getattr(layer, "self_attn", None), p) for layer in layers for p in _PROJ_NAMES):
+        raise HybridlabError(
+            f"cannot convert {type(model).__name__}: its decoder layers lack self_attn.{{q,k,v,o}}_proj; supported are "
+            f"causal LMs with that layout ({', '.join(TESTED_ARCHITECTURES)} are tested)"
+        )
+    return decoder, layers
+
+
+def hybrid_spec(model) -> HybridSpec:
+    """The HybridSpec of a converted or loaded hybrid; raises for a plain model."""
+    spec = getattr(model, "hybridlab_spec", None)
+    if spec is None:
+        raise HybridlabError(f"{type(model).__name__} is not a hybridlab hybrid; convert it with convert_to_hybrid first")
+    return spec
+
+
+def teacher_mixer_config(model, mixer_kind: str, overrides: dict | None = None):
+    """MixerConfig matching the teacher's attention shapes and biases, plus user overrides of the free fields."""
+    from hybridlab.models.mixers import MixerConfig
+
+    config = model.config.get_text_config(decoder=True)
+    _, layers = _decoder_layers(model)
+    attn = layers[0].self_attn
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    base = MixerConfig(
+        kind=mixer_kind,
+        hidden_size=config.hidden_size,
+        num_heads=num_heads,
+        head_k_dim=head_dim,
+        head_v_dim=head_dim,
+        qkv_bias=attn.q_proj.bias is not None,
+        o_bias=attn.o_proj.bias is not None,
+    )
+    overrides = dict(overrides or {})
+    names = {f.name for f in dataclasses.fields(MixerConfig)}
+    unknown = sorted(set(overrides) - names)
+    fixed = sorted(set(overrides) & set(_INHERITED_FIELDS))
+    if unknown or fixed:
+        free = sorted(names - set(_INHERITED_FIELDS))
+        bad = f"unknown {unknown}" if unknown else f"teacher-determined {fixed}"
+        raise HybridlabError(f"mixer_overrides has {bad} fields; you may override only {free}")
+    return dataclasses.replace(base, **overrides)
+
+
+def apply_hybrid_structure(model, spec: HybridSpec) -> list[MixerAttention]:
+    """Swap in freshly initialised mixers at spec.mixer_layers (in place) and install the padding hook."""
+    from hybridlab.models.mixers import MixerConfig, build_mixer
+
+    decoder, layers = _decoder_layers(model)
+    if len(layers) != spec.num_layers:
+        raise HybridlabError(
+            f"hybrid spec is for {spec.num_layers} layers but {type(model).__name__} has {len(layers)}; "
+            "use the base config the hybrid was made from"
+        )
+    mixer_cfg = MixerConfig(**spec.mixer_config)
+    ref = layers[0].self_attn.q_proj.weight
+    padding = PaddingContext()
+    wrappers = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        for idx in spec.mixer_layers:
+            mixer = build_mixer(mixer_cfg, idx).to(device=ref.device, dtype=ref.dtype)
+            wrapper = MixerAttention(mixer, idx, spec.mixer_kind, padding)
+            layers[idx].self_attn = wrapper
+            wrappers.append(wrapper)
+    capture = CapturePaddingMask(padding)
+    decoder.register_forward_pre_hook(capture.pre, with_kwargs=True)
+    decoder.register_forward_hook(capture.post, with_kwargs=True, always_call=True)
+    model.hybridlab_spec = spec
+    return wrappers
+
+
+def _norm_gain(attn, norm_name: str, num_heads: int, head_dim: int) -> torch.Tensor | None:
+    """Per-output-row gain of a q/k RMSNorm ([num_heads * head_dim]), or None if the attention has none."""
+    norm = getattr(attn, norm_name, None)
+    if norm is None:
+        return None
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        raise HybridlabError(f"{type(attn).__name__}.{norm_name} has no weight; use qk_norm='drop' to convert it")
+    if weight.numel() == head_dim:  # Qwen3: per head
+        return weight.repeat(num_heads)
+    if weight.numel() == num_heads * head_dim:  # OLMo-3: over the whole projection
+        return weight.reshape(-1)
+    raise HybridlabError(
+        f"{type(attn).__name__}.{norm_name} has {weight.numel()} channels, expected {head_dim} or "
+        f"{num_heads * head_dim}; use qk_norm='drop'"
+    )
+
+
+def _repeat_heads(t: torch.Tensor, num_kv_heads: int, n_rep: int) -> torch.Tensor:
+    """[KV*D, ...] -> [KV*n_rep*D, ...], each KV head repeated for its group of query heads."""
+    return t.reshape(num_kv_heads, -1, *t.shape[1:]).repeat_interleave(n_rep, dim=0).reshape(-1, *t.shape[1:])
+
+
+def _copy_linear(dst: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None, what: str) -> None:
+    if dst.weight.shape != weight.shape or (bias is None) != (dst.bias is None):
+        raise HybridlabError(
+            f"mixer {what} is {tuple(dst.weight.shape)} (bias={dst.bias is not None}) but the teacher gives "
+            f"{tuple(weight.shape)} (bias={bias is not None}); the mixer must keep the teacher's heads and head_dim"
+        )
+    dst.weight.copy_(weight)
+    if bias is not None:
+        dst.bias.copy_(bias)
+
+
+@torch.no_grad()
+def inherit_attention(mixer: nn.Module, attn: nn.Module, config, qk_norm: str) -> None:
+    """Copy q/o and head-repeated k/v projections (and folded q/k-norm gains) from `attn` into `mixer`."""
+    num_heads, num_kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    n_rep = num_heads // num_kv
+    gains = {"q": None, "k": None}
+    if qk_norm == "fold":
+        gains = {"q": _norm_gain(attn, "q_norm", num_heads, head_dim), "k": _norm_gain(attn, "k_norm", num_kv, head_dim)}
+    for name, gain in gains.items():
+        proj = getattr(attn, f"{name}_proj")
+        weight, bias = proj.weight, proj.bias
+        if gain is not None:
+            weight = weight * gain[:, None].to(weight.dtype)
+            bias = None if bias is None else bias * gain.to(bias.dtype)
+        if name == "k":
+            weight = _repeat_heads(weight, num_kv, n_rep)
+            bias = None if bias is None else _repeat_heads(bias, num_kv, n_rep)
+        _copy_linear(getattr(mixer, f"{name}_proj"), weight, bias, f"{name}_proj")
+    v_bias = attn.v_proj.bias
+    _copy_linear(
+        mixer.v_proj,
+        _repeat_heads(attn.v_proj.weight, num_kv, n_rep),
+        None if v_bias is None else _repeat_heads(v_bias, num_kv, n_rep),
+        "v_proj",
+    )
+    _copy_linear(mixer.o_proj, attn.o_proj.weight, attn.o_proj.bias, "o_proj")
+
+
+def convert_to_hybrid(
+    model,
+    fa_layers: list[int],
+    mixer_kind: str,
+    *,
+    mixer_overrides: dict | None = None,
+    seed: int = 0,
+    qk_norm: str = "fold",
+    inplace: bool = False,
+):
+    """A hybrid of `model` with full attention kept at `fa_layers` and `mixer_kind` mixers elsewhere.
+
+    The teacher is left untouched unless `inplace`. Returns the (copied) transformers model with
+    ``hybridlab_spec`` set; its mixers inherit q/k/v/o as described in the module docstring.
+    """
+    from hybridlab.models.placements import fa_layers as resolve_fa_layers
+
+    if qk_norm not in QK_NORM_MODES:
+        raise HybridlabError(f"qk_norm must be one of {QK_NORM_MODES}, got {qk_norm!r}")
+    if hasattr(model, "hybridlab_spec"):
+        raise HybridlabError("model is already a hybrid; convert the dense teacher instead")
+    _, teacher_layers = _decoder_layers(model)
+    fa = resolve_fa_layers("explicit", len(teacher_layers), indices=fa_layers)
+    mixer_cfg = teacher_mixer_config(model, mixer_kind, mixer_overrides)
+    config = model.config.get_text_config(decoder=True)
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise HybridlabError(
+            f"num_attention_heads {config.num_attention_heads} is not a multiple of num_key_value_heads "
+            f"{config.num_key_value_heads}; cannot repeat KV heads"
+        )
+    student = model if inplace else copy.deepcopy(model)
+    _, layers = _decoder_layers(student)
+    teacher_attn = {i: layers[i].self_attn for i in range(len(layers))}
+    spec = HybridSpec(
+        fa_layers=fa,
+        mixer_kind=mixer_kind,
+        mixer_config=dataclasses.asdict(mixer_cfg),
+        num_layers=len(layers),
+        qk_norm=qk_norm,
+        seed=seed,
+        base_model=getattr(model.config, "_name_or_path", None) or None,
+    )
+    for wrapper in apply_hybrid_structure(student, spec):
+        inherit_attention(wrapper.mixer, teacher_attn[wrapper.layer_idx], config, qk_norm)
+    return student
