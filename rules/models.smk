@@ -63,6 +63,8 @@ rule convert:
     params:
         cfg=lambda wc: as_json({"placement": wc.placement, "mixer": wc.mixer,
                                 "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": C["seed"]}),
+        teacher=lambda wc: teacher_dir(wc.teacher),
+        out=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
     log:
         LOG("models", "convert_{teacher}_{placement}-{mixer}"),
     benchmark:
@@ -74,7 +76,8 @@ rule convert:
     conda:
         CPU_ENV
     shell:
-        "{NOT_READY} convert 'hybrid conversion rule' 3 > {log} 2>&1"
+        "{PY} workflow_scripts/convert_student.py --params {params.cfg:q} --teacher {params.teacher} "
+        "--out {params.out} > {log} 2>&1"
 
 
 rule models:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE_RULES = {
@@ -150,6 +151,28 @@ def test_teacher_pretraining_at_smoke_beats_unigram(smoke_workdir):
     assert model.config.num_hidden_layers == 4
     metrics = pl.read_parquet(teacher / "metrics.parquet")
     assert metrics["loss"][-1] < metrics["loss"][0]
+
+
+@pytest.mark.slow
+def test_models_phase_at_smoke_converts_every_placement(smoke_workdir):
+    work = smoke_workdir
+    proc = _snakemake(work, "models", "--config", "scale=smoke", "--cores", "2")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    from hybridlab.models.io import load_hybrid, read_spec
+
+    students = work / "results/models/smoke/students/teacher"
+    got = {d.name: read_spec(d)["fa_layers"] for d in sorted(students.iterdir())}
+    # 4 layers, ratio 0.25 -> one FA layer: last (standard periodic) or first (every other scheme).
+    assert got == {"endpoint_spread-gdn": [0], "interleaved_sandwich-gdn": [0], "reverse_periodic-gdn": [0],
+                   "sandwich-gdn": [0], "standard_periodic-gdn": [3]}
+    student = load_hybrid(students / "standard_periodic-gdn")
+    from transformers import AutoModelForCausalLM
+
+    teacher = AutoModelForCausalLM.from_pretrained(work / "results/models/smoke/teachers/teacher")
+    layer = student.model.layers[0].self_attn.mixer
+    assert torch.equal(layer.v_proj.weight[:16], teacher.model.layers[0].self_attn.v_proj.weight[:16])
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.isfinite(student(input_ids=ids).logits).all()
 
 
 def test_unimplemented_rule_fails_with_one_line():

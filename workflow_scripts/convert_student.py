@@ -1,0 +1,37 @@
+"""Convert a dense teacher into a hybrid: full attention at the placement's layers, a mixer elsewhere.
+
+The student inherits q/k/v/o from the teacher's attention (GQA k/v heads repeated); new mixer
+parameters are initialised as fla does, seeded. Written with `save_hybrid` (config.json of the base
+model + model.safetensors + hybrid.json), loadable with `hybridlab.models.io.load_hybrid`.
+"""
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--teacher", required=True, help="teacher model directory (from_pretrained layout)")
+    p.add_argument("--out", required=True, help="student directory")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.models.io import save_hybrid
+    from hybridlab.models.placements import fa_layers, placement_diagram
+    from hybridlab.models.registry import load_causal_lm
+
+    teacher = load_causal_lm(args.teacher)
+    n_layers = teacher.config.get_text_config(decoder=True).num_hidden_layers
+    fa = fa_layers(params["placement"], n_layers, ratio=params["fa_ratio"])
+    student = convert_to_hybrid(teacher, fa, params["mixer"], seed=params["seed"])
+    student.hybridlab_spec.extra = {"placement": params["placement"], "fa_ratio": params["fa_ratio"],
+                                    "teacher": args.teacher}
+    save_hybrid(student, args.out)
+    types = ["full_attention" if i in fa else params["mixer"] for i in range(n_layers)]
+    n_new = sum(p.numel() for n, p in student.named_parameters()) - sum(p.numel() for p in teacher.parameters())
+    print(f"{params['placement']} ({params['mixer']}): FA layers {fa}  {placement_diagram(types)}  "
+          f"{n_new:+d} parameters vs teacher")
+
+
+if __name__ == "__main__":
+    _common.run(main)

@@ -1,0 +1,35 @@
+"""Paper preset: load a hub teacher (or a local path) and save it as a local from_pretrained directory.
+
+Later rules read the local copy, so the hub is touched once per teacher. A missing or gated model
+fails with one line naming the model and the fix (HF_TOKEN, `huggingface-cli login`, a local path).
+"""
+
+import shutil
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    for name in ("--mixture", "--tokenizer", "--work"):
+        p.add_argument(name, help="unused for hub teachers (accepted so both teacher scripts share a rule)")
+    p.add_argument("--out", required=True, help="local model directory")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
+
+    model = load_causal_lm(params["name"])
+    out = Path(args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+    load_tokenizer_for(params["name"]).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    print(f"saved {params['name']} to {out}")
+
+
+if __name__ == "__main__":
+    _common.run(main)
