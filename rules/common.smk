@@ -52,3 +52,12 @@ def gpus(n_paper):
 CPU_ENV = "../envs/cpu.yaml"
 CUDA_ENV = "../envs/cuda.yaml" if ON_GPU else "../envs/cpu.yaml"
 NOT_READY = f"{PY} workflow_scripts/not_ready.py"
+
+
+def launcher(n_gpu):
+    """How a training script starts: plain python on CPU or one GPU, torchrun for several GPUs."""
+    return PY if n_gpu <= 1 else f"torchrun --standalone --nproc_per_node {n_gpu}"
+
+
+# Training rules take every core: two PyTorch jobs side by side on a laptop only fight for the CPUs.
+TRAIN_THREADS = workflow.cores if not ON_GPU else 8

@@ -1,19 +1,16 @@
 """The DAG: dry runs of every preset, and the `data` phase end to end at `smoke` through Snakemake."""
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import ROOT, run_snakemake
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 PHASE_RULES = {
     "data": {"corpus", "tokenizer", "mixture", "spaced_retrieval"},
     "models": {"teacher", "convert"},
@@ -24,18 +21,8 @@ PHASE_RULES = {
 }
 
 
-def _env():
-    env = dict(os.environ)
-    # Rules call `python`: make it this interpreter, with the package importable.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    # Downloaded Debian packages are cached across test runs (and shared with `make all`).
-    env.setdefault("HYBRIDLAB_CACHE", str(ROOT / "cache"))
-    return env
-
-
 def _snakemake(cwd, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_snakemake(cwd, *args, timeout=timeout)
 
 
 def _job_counts(stdout: str) -> dict[str, int]:
@@ -59,27 +46,6 @@ def test_dry_run_lists_every_phase(scale):
     n_students = len(["p"] * 5) * (2 if scale == "paper" else 1)  # 5 placements x teachers x 1 mixer
     assert counts["convert"] == n_students
     assert counts["figure"] == 8
-
-
-def _copy_workflow(dst: Path) -> Path:
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(ROOT / name, dst / name)
-    for name in ("rules", "workflow_scripts", "profiles", "envs", "src"):
-        shutil.copytree(ROOT / name, dst / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return dst
-
-
-@pytest.fixture(scope="module")
-def smoke_workdir(tmp_path_factory):
-    """A copy of the workflow with the smoke data phase built once (shared by the tests below)."""
-    work = _copy_workflow(tmp_path_factory.mktemp("smoke"))
-    t0 = time.time()
-    proc = _snakemake(work, "data", "--config", "scale=smoke", "--cores", "2")
-    elapsed = time.time() - t0
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert elapsed < 180, f"smoke data phase took {elapsed:.0f}s (budget 180s)"
-    return work
 
 
 @pytest.mark.slow
