@@ -36,10 +36,25 @@ def load_params(text: str) -> dict:
     return params
 
 
+def _provenance() -> None:
+    """After a successful run, record what made `--out` (see hybridlab.provenance)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--out")
+    p.add_argument("--params")
+    args, _ = p.parse_known_args()
+    if not args.out or not Path(args.out).exists():
+        return
+    from hybridlab import provenance
+
+    params = json.loads(args.params) if args.params else {}
+    provenance.write(args.out, params, Path(sys.argv[0]).name, _SRC.parent)
+
+
 def run(main) -> None:
-    """Call `main()`; turn user errors into one line on stderr and exit code 1."""
+    """Call `main()`, then write provenance for `--out`; user errors become one line + exit code 1."""
     try:
         main()
+        _provenance()
     except HybridlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
