@@ -60,4 +60,4 @@ def launcher(n_gpu):
 
 
 # Training rules take every core: two PyTorch jobs side by side on a laptop only fight for the CPUs.
-TRAIN_THREADS = workflow.cores if not ON_GPU else 8
+TRAIN_THREADS = workflow.cores if workflow.local_exec and not ON_GPU else 8

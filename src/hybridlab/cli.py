@@ -3,6 +3,7 @@
     hybridlab config [--configfile config.yaml] [--scale tiny]   # validate + print the active preset
     hybridlab placements --scheme sandwich --layers 36 --ratio 0.25
     hybridlab languages                                            # the language registry
+    hybridlab cache pull [TARGETS]                                 # dvc pull + mark outputs complete
 
 Every user error is one line on stderr and exit code 1.
 """
@@ -42,6 +43,14 @@ def _cmd_languages(args) -> None:
         print(f"{code}\t{lang.name}")
 
 
+def _cmd_cache_pull(args) -> None:
+    from hybridlab.cache import pull
+
+    report = pull(args.targets, repo=args.repo, scale=args.scale, remote=args.remote, jobs=args.jobs,
+                  force=args.force)
+    print(report.summary())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybridlab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -60,6 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     lg = sub.add_parser("languages", help="list the language registry")
     lg.set_defaults(func=_cmd_languages)
+
+    ca = sub.add_parser("cache", help="share pipeline results through DVC")
+    csub = ca.add_subparsers(dest="cache_command", required=True)
+    cp = csub.add_parser("pull", help="dvc pull the cached phases of TARGETS and mark them complete for Snakemake")
+    cp.add_argument("targets", nargs="*", default=["all"], help="Snakemake targets (default: all)")
+    cp.add_argument("--scale", choices=["smoke", "tiny", "paper"], help="must equal config.yaml's scale")
+    cp.add_argument("-r", "--remote", help="DVC remote (default: the repository's default remote)")
+    cp.add_argument("-j", "--jobs", type=int, help="parallel DVC downloads")
+    cp.add_argument("-f", "--force", action="store_true", help="overwrite local changes to pulled outputs")
+    cp.add_argument("--repo", default=".", help="repository root (default: .)")
+    cp.set_defaults(func=_cmd_cache_pull)
     return p
 
 
