@@ -1,0 +1,196 @@
+"""CPU benchmark of the chunked recurrent-mixer ops against the public PyTorch references.
+
+Shapes: B=4, T=1024, H=4, K=64, V=128, fp32, chunk 64, default torch threads. For each op it times the
+forward (under ``no_grad``) and forward+backward of
+
+- GDN: ``hybridlab`` chunked op | fla's ``naive_chunk_gated_delta_rule`` | transformers' Qwen3.5
+  fallback ``torch_chunk_gated_delta_rule`` (unwrapped: the decorated name routes to fla's Triton
+  kernels whenever fla is installed, which cannot run on CPU);
+- KDA: ``hybridlab`` chunked op | fla's ``naive_chunk_kda``;
+- GLA: ``hybridlab`` chunked op | fla's ``naive_recurrent_gla`` (fla 0.6 ships no naive chunked GLA).
+
+Contenders run interleaved, round after round, so background load hits them alike; the reported
+time is the median over rounds after one warm-up round. It also measures this machine's fp32 matmul
+throughput and reports, for each ``hybridlab`` op, the achieved fraction of it from an analytic count
+of the op's matmul FLOPs (triangular inverses and element-wise work not counted). The last printed
+line is one JSON object with every time and ratio.
+
+    python benchmarks/mixers.py [--reps 5] [--ops gdn kda gla]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from hybridlab.models import ops
+
+with warnings.catch_warnings():  # fla warns that Triton cannot run on a CPU-only machine
+    warnings.simplefilter("ignore")
+    from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
+    from fla.ops.gla.naive import naive_recurrent_gla
+    from fla.ops.kda.naive import naive_chunk_kda
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+B, T, H, K, V, C = 4, 1024, 4, 64, 128, 64
+TARGETS = {  # minimum fwd+bwd speed-ups asked of the hybridlab ops
+    ("gdn", "transformers_fallback"): 2.0,
+    ("gdn", "fla_naive_chunk"): 4.0,
+    ("kda", "fla_naive_chunk"): 3.0,
+    ("gla", "fla_naive_recurrent"): 3.0,
+}
+
+
+def transformers_fallback():
+    fn = inspect.unwrap(modeling_qwen3_5.torch_chunk_gated_delta_rule)
+    if not fn.__code__.co_filename.endswith("modeling_qwen3_5.py"):
+        raise SystemExit(f"could not unwrap transformers' torch_chunk_gated_delta_rule (got {fn})")
+    return fn
+
+
+def make_inputs(per_channel_g: bool, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    g_shape = (B, T, H, K) if per_channel_g else (B, T, H)
+    g = F.logsigmoid(torch.randn(g_shape, generator=gen))
+    return {
+        "q": torch.randn(B, T, H, K, generator=gen),
+        "k": F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
+        "v": torch.randn(B, T, H, V, generator=gen),
+        "g": g / 16 if per_channel_g else g,  # fla's GLA gate_logit_normalizer scale for channel decays
+        "beta": torch.rand(B, T, H, generator=gen).sigmoid(),
+    }
+
+
+def matmul_flops(kind: str) -> tuple[float, float]:
+    """Analytic matmul FLOPs (forward, forward+backward) of the hybridlab chunked op at these shapes."""
+    chunks = B * H * T // C
+    c = 8  # sub-chunk of the per-channel intra-chunk scores (sqrt of 64)
+    if kind == "gdn":
+        # forward: K K^T, T K_bg, q k^T (C^2 K); T V_b, P V_new (C^2 V); W S, K_d^T V_new, Q_g S (C K V)
+        fwd = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V)
+        # hand-written backward: 6 products of C^2 K, 8 of C^2 V, 12 of C K V (see ops/gdn.py)
+        bwd = 6 * C * C * K + 8 * C * C * V + 12 * C * K * V
+        return chunks * fwd, chunks * (fwd + bwd)
+    if kind == "kda":
+        scores = 2 * (2 * C * C * K + 2 * c * C * K)  # q and k rows: off-diagonal blocks + diagonal blocks
+        fwd = scores + 2 * (C * C * K + C * C * V + 3 * C * K * V + C * C * V)
+    else:
+        scores = 2 * (C * C * K + c * C * K)
+        fwd = scores + 2 * (2 * C * K * V + C * C * V)
+    return chunks * fwd, chunks * 3 * fwd  # autograd: each product's backward is two products
+
+
+def measure_matmul_gflops(n: int = 2048, reps: int = 7) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def contenders(kind: str):
+    """name -> function(inputs) returning the output ``[B, T, H, V]``."""
+    if kind == "gdn":
+        fallback = transformers_fallback()
+        return {
+            "hybridlab": lambda x: ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+            "fla_naive_chunk": lambda x: naive_chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+            "transformers_fallback": lambda x: fallback(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+        }
+    if kind == "kda":
+        return {
+            "hybridlab": lambda x: ops.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+            "fla_naive_chunk": lambda x: naive_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+        }
+    return {
+        "hybridlab": lambda x: ops.chunk_gla(x["q"], x["k"], x["v"], x["g"])[0],
+        "fla_naive_recurrent": lambda x: naive_recurrent_gla(x["q"], x["k"], x["v"], x["g"])[0],
+    }
+
+
+def time_once(fn, inputs, backward: bool) -> float:
+    for t in inputs.values():
+        t.grad = None
+    start = time.perf_counter()
+    if backward:
+        fn(inputs).sum().backward()
+    else:
+        with torch.no_grad():
+            fn(inputs)
+    return time.perf_counter() - start
+
+
+def bench_op(kind: str, reps: int, peak_gflops: float) -> dict:
+    inputs = {name: t.requires_grad_() for name, t in make_inputs(kind != "gdn").items()}
+    if kind == "gla":
+        del inputs["beta"]
+    fns = contenders(kind)
+    times = {name: {"fwd": [], "fwdbwd": []} for name in fns}
+    for round_idx in range(reps + 1):  # round 0 is the warm-up
+        for name, fn in fns.items():
+            fwd, fwdbwd = time_once(fn, inputs, False), time_once(fn, inputs, True)
+            if round_idx:
+                times[name]["fwd"].append(fwd)
+                times[name]["fwdbwd"].append(fwdbwd)
+    result = {}
+    for name in fns:
+        for mode in ("fwd", "fwdbwd"):
+            result[f"{name}_{mode}_ms"] = 1e3 * statistics.median(times[name][mode])
+    for name in fns:
+        if name == "hybridlab":
+            continue
+        for mode in ("fwd", "fwdbwd"):
+            result[f"speedup_{mode}_vs_{name}"] = result[f"{name}_{mode}_ms"] / result[f"hybridlab_{mode}_ms"]
+    flops_fwd, flops_fwdbwd = matmul_flops(kind)
+    for mode, flops in (("fwd", flops_fwd), ("fwdbwd", flops_fwdbwd)):
+        gflops = flops / (result[f"hybridlab_{mode}_ms"] / 1e3) / 1e9
+        result[f"hybridlab_{mode}_gflops"] = gflops
+        result[f"hybridlab_{mode}_fraction_of_matmul_peak"] = gflops / peak_gflops
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5, help="timed rounds per contender (median reported)")
+    parser.add_argument("--ops", nargs="+", default=["gdn", "kda", "gla"], choices=["gdn", "kda", "gla"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    peak = measure_matmul_gflops()
+    print(f"shapes B={B} T={T} H={H} K={K} V={V} chunk={C} fp32, threads={torch.get_num_threads()}")
+    print(f"fp32 matmul throughput (2048^3): {peak:.1f} GFLOP/s")
+    report = {"shapes": {"B": B, "T": T, "H": H, "K": K, "V": V, "chunk": C},
+              "threads": torch.get_num_threads(), "matmul_gflops": peak}
+    for kind in args.ops:
+        res = bench_op(kind, args.reps, peak)
+        report[kind] = res
+        names = [key[: -len("_fwd_ms")] for key in res if key.endswith("_fwd_ms")]
+        print(f"\n{kind.upper()}")
+        for name in names:
+            print(f"  {name:24s} fwd {res[f'{name}_fwd_ms']:9.1f} ms   fwd+bwd {res[f'{name}_fwdbwd_ms']:9.1f} ms")
+        for name in names[1:]:
+            print(f"  speed-up vs {name:22s} fwd {res[f'speedup_fwd_vs_{name}']:5.2f}x   "
+                  f"fwd+bwd {res[f'speedup_fwdbwd_vs_{name}']:5.2f}x")
+        print(f"  hybridlab achieved {res['hybridlab_fwd_gflops']:.1f} / {res['hybridlab_fwdbwd_gflops']:.1f} "
+              f"GFLOP/s (fwd / fwd+bwd) = {100 * res['hybridlab_fwd_fraction_of_matmul_peak']:.0f}% / "
+              f"{100 * res['hybridlab_fwdbwd_fraction_of_matmul_peak']:.0f}% of matmul throughput")
+    met = {}
+    for (kind, other), target in TARGETS.items():
+        if kind in report:
+            met[f"{kind}_fwdbwd_vs_{other}>={target:g}x"] = report[kind][f"speedup_fwdbwd_vs_{other}"] >= target
+    report["targets_met"] = met
+    print("\ntargets:", ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in met.items()))
+    print(json.dumps(report, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

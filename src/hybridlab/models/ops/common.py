@@ -1,0 +1,213 @@
+"""Shared pieces of the chunked linear-recurrence ops: input checks, chunk layout, stable decays.
+
+Layout follows flash-linear-attention 0.6 (``head_first=False``): q, k are ``[B, T, H, K]``, v is
+``[B, T, H, V]``, a scalar log-decay ``g`` is ``[B, T, H]``, a per-channel one ``[B, T, H, K]``,
+``beta`` is ``[B, T, H]`` and recurrent states are ``[B, H, K, V]``.
+
+Inside the CPU implementations every tensor is moved to the *chunk layout* ``[N, Z, C, D]``: ``N``
+chunks of ``C`` tokens for ``Z = B*H`` independent sequences. The sequence is right-padded to a multiple of
+``C`` with neutral tokens: ``k = v = q = 0``, log-decay ``g = 0`` (decay 1) and ``beta = 0``, so a
+padded token changes neither the outputs of real tokens nor the final state.
+
+Decays are handled in log space. ``b = cumsum(g)`` within a chunk is non-increasing, so every factor
+``exp(b_i - b_j)`` with ``j <= i`` lies in (0, 1]; the code only ever exponentiates such differences
+(upper-triangular entries are masked to ``-inf`` *before* ``exp``), which keeps strong decays from
+overflowing (the naive factorisation ``exp(b_i) * exp(-b_j)`` overflows once ``-b_j`` > 88 in fp32).
+
+:func:`per_channel_scores` computes the intra-chunk score matrices for per-channel decays (GLA, KDA),
+``P[i, j] = sum_d x_id k_jd exp(b_id - b_jd)`` for ``j <= i``, with the secondary-chunking idea of
+fla's kernels: the chunk is split into ``S`` sub-chunks of ``c`` tokens; a block of rows in sub-chunk
+``s`` against all earlier columns factorises through the reference position ``r = s*c`` as
+``(x_i exp(b_i - b_r)) . (k_j exp(b_r - b_j))`` (both factors <= 1, one batched matmul), and only the
+``c x c`` diagonal blocks are formed element-wise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hybridlab.errors import HybridlabError
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """fp64 stays fp64 (for gradcheck-style tests); everything else is computed in fp32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def resolve_scale(scale: float | None, head_k_dim: int) -> float:
+    """Default query scale ``K ** -0.5`` (fla's convention)."""
+    return head_k_dim ** -0.5 if scale is None else float(scale)
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim, fla's ``use_qk_l2norm_in_kernel`` definition."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+
+
+def check_inputs(
+    op: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    per_channel_g: bool,
+    chunk_size: int | None = None,
+    allow_gva: bool = True,
+) -> None:
+    """Raise :class:`HybridlabError` for shape mismatches a caller can make.
+
+    With ``allow_gva`` (grouped value attention, as in fla and Qwen3.5) v may have ``HV`` heads, a
+    multiple of the ``H`` q/k heads; g, beta and the state then follow the ``HV`` value heads.
+    """
+    if q.dim() != 4 or k.shape != q.shape:
+        raise HybridlabError(
+            f"{op}: q and k must both be [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}; "
+            "pass tensors in fla's [batch, time, heads, dim] layout"
+        )
+    B, T, H, K = q.shape
+    HV = v.shape[2] if v.dim() == 4 else -1
+    if v.dim() != 4 or v.shape[:2] != (B, T) or (HV != H and not (allow_gva and HV % H == 0)):
+        heads = "HV (a multiple of H)" if allow_gva else "H"
+        raise HybridlabError(f"{op}: v must be [B, T, {heads}, V] with B={B}, T={T}, H={H}, got {tuple(v.shape)}")
+    g_shape = (B, T, HV, K) if per_channel_g else (B, T, HV)
+    if tuple(g.shape) != g_shape:
+        kind = "per-channel log-decay [B, T, HV, K]" if per_channel_g else "per-head log-decay [B, T, HV]"
+        raise HybridlabError(f"{op}: g must be the {kind} {g_shape}, got {tuple(g.shape)}")
+    if beta is not None and tuple(beta.shape) != (B, T, HV):
+        raise HybridlabError(f"{op}: beta must be [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, v.shape[-1]):
+        raise HybridlabError(
+            f"{op}: initial_state must be [B, HV, K, V] = {(B, HV, K, v.shape[-1])}, got "
+            f"{tuple(initial_state.shape)}"
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise HybridlabError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def expand_gva(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Repeat each q/k head over its group of value heads (fla's GVA convention: consecutive groups)."""
+    group = v.shape[2] // q.shape[2]
+    if group == 1:
+        return q, k
+    return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+
+
+def to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype) -> Tensor:
+    """``[B, T, H, *D]`` -> chunk layout ``[N, B*H, C, *D]`` in ``dtype``, right-padded with zeros.
+
+    Chunk-major order makes ``x[n]`` contiguous, so the sequential scan over chunks writes and reads
+    whole contiguous ``[Z, ...]`` slabs.
+    """
+    B, T, H = x.shape[:3]
+    pad = (-T) % chunk_size
+    x = x.to(dtype)
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+    n_chunks = (T + pad) // chunk_size
+    x = x.reshape(B, n_chunks, chunk_size, H, *x.shape[3:])
+    x = x.permute(1, 0, 3, 2, *range(4, x.dim()))  # [N, B, H, C, *D]
+    return x.reshape(n_chunks, B * H, chunk_size, *x.shape[4:]).contiguous()
+
+
+def from_chunks(x_NZCD: Tensor, batch: int, heads: int, seq_len: int) -> Tensor:
+    """Inverse of :func:`to_chunks` for ``[N, Z, C, D]``: drops the padding, returns ``[B, T, H, D]``."""
+    N, _, C, D = x_NZCD.shape
+    x = x_NZCD.reshape(N, batch, heads, C, D).permute(1, 0, 3, 2, 4).reshape(batch, N * C, heads, D)
+    return x[:, :seq_len].contiguous()
+
+
+def lower_mask(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
+    """Boolean ``[n, n]`` mask, True on and below ``diagonal`` (``-1`` = strictly lower)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def pairwise_decay(b_NZC: Tensor) -> Tensor:
+    """``D[i, j] = exp(b_i - b_j)`` for ``j <= i`` and 0 above the diagonal, without overflow."""
+    C = b_NZC.shape[-1]
+    diff = b_NZC[..., :, None] - b_NZC[..., None, :]
+    return diff.masked_fill_(~lower_mask(C, b_NZC.device), float("-inf")).exp_()
+
+
+def unit_lower_inverse(L: Tensor, base: int = 16) -> Tensor:
+    """Inverse of unit lower-triangular ``[..., C, C]`` matrices (the upper triangle of ``L`` is ignored).
+
+    Block recursion ``[[L11, 0], [L21, L22]]^-1 = [[T11, 0], [-T22 L21 T11, T22]]`` down to ``base``
+    sized blocks solved by LAPACK: about twice as fast on CPU as one batched ``solve_triangular``
+    against the identity, because the large off-diagonal blocks become batched matmuls.
+    """
+    C = L.shape[-1]
+    if C <= base:
+        eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
+        return torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
+    h = C // 2
+    T = L.new_zeros(L.shape)
+    T11 = unit_lower_inverse(L[..., :h, :h], base)
+    T22 = unit_lower_inverse(L[..., h:, h:], base)
+    T[..., :h, :h] = T11
+    T[..., h:, h:] = T22
+    T[..., h:, :h] = -(T22 @ (L[..., h:, :h] @ T11))
+    return T
+
+
+def sub_chunk_size(chunk_size: int) -> int:
+    """The divisor of ``chunk_size`` closest to its square root (balances the two halves of the work)."""
+    root = math.sqrt(chunk_size)
+    divisors = [d for d in range(1, chunk_size + 1) if chunk_size % d == 0]
+    return min(divisors, key=lambda d: (abs(d - root), d))
+
+
+def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> list[Tensor]:
+    """For each ``x`` in ``rows``: ``P[i, j] = sum_d x_id k_jd exp(b_id - b_jd)`` for ``j <= i``, else 0.
+
+    ``rows`` and ``k_NZCK`` are ``[N, Z, C, K]``, ``b_NZCK`` the within-chunk cumulative log-decay.
+    Returns ``[N, Z, C, C]`` matrices (lower triangle including the diagonal).
+    """
+    N, Z, C, K = k_NZCK.shape
+    c = sub_chunk_size(C)
+    S = C // c
+    R = len(rows)
+    device = k_NZCK.device
+    b_blk = b_NZCK.view(N, Z, S, c, K)
+    ref_NZSK = b_blk[:, :, :, 0]  # log-decay at the first token of each sub-chunk
+
+    # Off-diagonal blocks: rows of sub-chunk s against all columns j < s*c, through reference s*c.
+    row_scale = (b_blk - ref_NZSK[:, :, :, None]).exp()  # <= 1 since b is non-increasing
+    col_exp = ref_NZSK[:, :, :, None] - b_NZCK[:, :, None]  # [N, Z, S, C, K]
+    before_ref = torch.arange(C, device=device)[None, :] < (torch.arange(S, device=device) * c)[:, None]
+    col_NZSCK = k_NZCK[:, :, None] * col_exp.masked_fill(~before_ref[:, :, None], float("-inf")).exp()
+    x_rows = torch.cat([x.view(N, Z, S, c, K) * row_scale for x in rows], dim=3)  # [N, Z, S, R*c, K]
+    off = torch.matmul(x_rows, col_NZSCK.transpose(-1, -2))  # [N, Z, S, R*c, C]
+
+    # Diagonal c x c blocks, element-wise: exp(b_i - b_j) for j <= i inside the sub-chunk.
+    diff = b_blk[:, :, :, :, None] - b_blk[:, :, :, None, :]  # [N, Z, S, c_i, c_j, K]
+    decay = diff.masked_fill(~lower_mask(c, device)[:, :, None], float("-inf")).exp()
+    kdec = decay * k_NZCK.view(N, Z, S, 1, c, K)
+    x_stack = torch.stack([x.view(N, Z, S, c, K) for x in rows], dim=-1)  # [N, Z, S, c, K, R]
+    diag = torch.matmul(kdec, x_stack)  # [N, Z, S, c_i, c_j, R]
+
+    out = []
+    for r in range(R):
+        scores = off[:, :, :, r * c:(r + 1) * c].reshape(N, Z, S, c, S, c)
+        # the (s, s) blocks of `off` are zero (columns >= s*c were masked), so adding is placing
+        scores.diagonal(dim1=2, dim2=4).add_(diag[..., r].permute(0, 1, 3, 4, 2))
+        out.append(scores.reshape(N, Z, C, C))
+    return out
+
+
+def fla_op(module: str, name: str):
+    """Import one of fla's Triton ops; only called for CUDA tensors."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise HybridlabError(
+            f"CUDA tensors need flash-linear-attention ({module}.{name}): {err}; install "
+            "`flash-linear-attention>=0.6,<0.7` or move the tensors to CPU"
+        ) from err

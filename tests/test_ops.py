@@ -1,0 +1,274 @@
+"""Recurrent mixer ops on CPU: naive references vs fla's own references, chunked/recurrent ops vs naive."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridlab.errors import HybridlabError
+from hybridlab.models import ops
+from hybridlab.models.ops import common, gdn, gla, kda
+
+with warnings.catch_warnings():  # fla warns that Triton cannot run on this CPU-only machine
+    warnings.simplefilter("ignore")
+    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule as fla_naive_gdn
+    from fla.ops.gla.naive import naive_recurrent_gla as fla_naive_gla
+    from fla.ops.kda.naive import naive_chunk_kda as fla_naive_chunk_kda
+    from fla.ops.kda.naive import naive_recurrent_kda as fla_naive_kda
+
+KINDS = ("gdn", "kda", "gla")
+CHUNK = {"gdn": ops.chunk_gated_delta_rule, "kda": ops.chunk_kda, "gla": ops.chunk_gla}
+RECURRENT = {
+    "gdn": ops.fused_recurrent_gated_delta_rule, "kda": ops.fused_recurrent_kda, "gla": ops.fused_recurrent_gla
+}
+NAIVE = {"gdn": ops.naive_recurrent_gdn, "kda": ops.naive_recurrent_kda, "gla": ops.naive_recurrent_gla}
+
+
+def make_inputs(kind, B=2, T=37, H=3, K=8, V=6, dtype=torch.float64, decay_scale=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, dtype=dtype, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, dtype=dtype, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, dtype=dtype, generator=gen)
+    g_shape = (B, T, H) if kind == "gdn" else (B, T, H, K)
+    g = F.logsigmoid(torch.randn(g_shape, dtype=dtype, generator=gen)) * decay_scale
+    beta = torch.rand(B, T, H, dtype=dtype, generator=gen)
+    h0 = torch.randn(B, H, K, V, dtype=dtype, generator=gen)
+    return q, k, v, g, beta, h0
+
+
+def call(fn, kind, q, k, v, g, beta, **kw):
+    if kind == "gla":
+        kw.pop("use_qk_l2norm_in_kernel", None)
+        return fn(q, k, v, g, **kw)
+    return fn(q, k, v, g, beta, **kw)
+
+
+# --- the naive references themselves ---------------------------------------------------------------
+
+
+def test_naive_gdn_single_step_by_hand():
+    # T = 1, H = 1, K = 2, V = 1: S1 = a (I - b k k^T) S0 + b k v^T and o = S1^T (q / sqrt(2)).
+    q = torch.tensor([1.0, 2.0]).view(1, 1, 1, 2)
+    k = torch.tensor([0.6, 0.8]).view(1, 1, 1, 2)
+    v = torch.tensor([3.0]).view(1, 1, 1, 1)
+    g = torch.log(torch.tensor(0.5)).view(1, 1, 1)  # a = 0.5
+    beta = torch.tensor(0.25).view(1, 1, 1)
+    S0 = torch.tensor([[1.0], [-1.0]]).view(1, 1, 2, 1)
+    # (I - 0.25 k k^T) S0 = S0 - 0.25 k (k.S0) = [1, -1] - 0.25 * (-0.2) * [0.6, 0.8] = [1.03, -0.96]
+    # S1 = 0.5 * [1.03, -0.96] + 0.25 * 3 * [0.6, 0.8] = [0.965, 0.12];  o = (0.965 + 0.24) / sqrt(2)
+    o, S1 = ops.naive_recurrent_gdn(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+    torch.testing.assert_close(S1.flatten(), torch.tensor([0.965, 0.12]))
+    torch.testing.assert_close(o.flatten(), torch.tensor([1.205 / 2**0.5]))
+
+
+def test_naive_gla_single_step_by_hand():
+    q = torch.tensor([1.0, 0.0, 2.0, 0.0]).view(1, 1, 1, 4)
+    k = torch.tensor([1.0, 1.0, 1.0, 1.0]).view(1, 1, 1, 4)
+    v = torch.tensor([2.0]).view(1, 1, 1, 1)
+    g = torch.log(torch.tensor([0.5, 1.0, 0.25, 1.0])).view(1, 1, 1, 4)
+    S0 = torch.ones(1, 1, 4, 1)
+    o, S1 = ops.naive_recurrent_gla(q, k, v, g, initial_state=S0, output_final_state=True)
+    torch.testing.assert_close(S1.flatten(), torch.tensor([2.5, 3.0, 2.25, 3.0]))  # a * 1 + 1 * 2
+    torch.testing.assert_close(o.flatten(), torch.tensor([(2.5 + 2 * 2.25) / 2.0]))  # scale 4^-0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_naive_matches_fla_reference(kind):
+    q, k, v, g, beta, h0 = make_inputs(kind, dtype=torch.float32)
+    ours = call(NAIVE[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    if kind == "gdn":
+        ref = fla_naive_gdn(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+    elif kind == "kda":
+        ref = fla_naive_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    else:
+        ref = fla_naive_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-5, atol=1e-5)
+
+
+def test_chunk_kda_matches_fla_naive_chunk():
+    q, k, v, g, beta, h0 = make_inputs("kda", T=32, dtype=torch.float32)
+    o, S = ops.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=16)
+    o_ref, S_ref = fla_naive_chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=16)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(S, S_ref, rtol=1e-5, atol=1e-5)
+
+
+# --- chunked and recurrent ops vs the naive reference ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk_size", [1, 5, 16, 64])
+def test_chunk_matches_naive_any_chunk_size(kind, chunk_size):
+    q, k, v, g, beta, h0 = make_inputs(kind)  # T = 37: never a multiple of the chunk
+    ref_o, ref_S = call(NAIVE[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, S = call(CHUNK[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                chunk_size=chunk_size)
+    torch.testing.assert_close(o, ref_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(S, ref_S, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recurrent_matches_naive(kind):
+    q, k, v, g, beta, h0 = make_inputs(kind)
+    ref_o, ref_S = call(NAIVE[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, S = call(RECURRENT[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    torch.testing.assert_close(o, ref_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(S, ref_S, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_qk_l2norm_in_kernel(kind):
+    q, k, v, g, beta, h0 = make_inputs(kind)
+    q, k = q * 3.0, k * 0.2
+    ref = call(NAIVE[kind], kind, F.normalize(q, dim=-1, eps=0), F.normalize(k, dim=-1, eps=0), v, g, beta)[0]
+    for fn in (CHUNK[kind], RECURRENT[kind], NAIVE[kind]):
+        o = call(fn, kind, q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+        torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-5)  # eps = 1e-6 inside the norm
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_without_final_state_and_custom_scale(kind):
+    q, k, v, g, beta, _ = make_inputs(kind, T=9)
+    o, S = call(CHUNK[kind], kind, q, k, v, g, beta, scale=0.3, chunk_size=4)
+    ref = call(NAIVE[kind], kind, q, k, v, g, beta, scale=0.3)[0]
+    assert S is None
+    torch.testing.assert_close(o, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk_size", [4, 16])
+def test_chunk_gradients_match_naive_fp64(kind, chunk_size):
+    inputs = [x.requires_grad_() for x in make_inputs(kind, T=19)]
+    q, k, v, g, beta, h0 = inputs
+    wanted = [q, k, v, g, h0] + ([beta] if kind != "gla" else [])
+    gen = torch.Generator().manual_seed(1)
+    w_o = torch.randn(2, 19, 3, 6, generator=gen, dtype=q.dtype)
+    w_S = torch.randn(2, 3, 8, 6, generator=gen, dtype=q.dtype)
+
+    def grads(fn, **kw):
+        o, S = call(fn, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
+        return torch.autograd.grad((o * w_o).sum() + (S * w_S).sum(), wanted)
+
+    for got, ref in zip(grads(CHUNK[kind], chunk_size=chunk_size), grads(NAIVE[kind])):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunk_gradients_match_naive_fp32(kind):
+    inputs = [x.requires_grad_() for x in make_inputs(kind, T=70, dtype=torch.float32)]
+    q, k, v, g, beta, h0 = inputs
+    wanted = [q, k, v, g, h0] + ([beta] if kind != "gla" else [])
+
+    def grads(fn):
+        o, S = call(fn, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        return torch.autograd.grad(o.square().sum() + S.sum(), wanted)
+
+    for got, ref in zip(grads(CHUNK[kind]), grads(NAIVE[kind])):
+        rel = (got - ref).norm() / ref.norm()
+        assert rel < 1e-4, rel
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_strong_decay_is_stable(kind):
+    # log-decays of -40 per token: exp(+b) of the cumulative decay would overflow fp32 within 3 tokens
+    q, k, v, g, beta, h0 = make_inputs(kind, T=40, dtype=torch.float32)
+    g = torch.full_like(g, -40.0)
+    g[:, ::7] = 0.0  # some tokens keep the state, so the values stay non-trivial
+    o, S = call(CHUNK[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_S = call(NAIVE[kind], kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    torch.testing.assert_close(o, ref_o, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(S, ref_S, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_inputs_keep_their_dtype(kind):
+    q, k, v, g, beta, h0 = make_inputs(kind, T=12, dtype=torch.float32)
+    o, S = call(CHUNK[kind], kind, q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, output_final_state=True)
+    ref = call(NAIVE[kind], kind, q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta)[0]
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    torch.testing.assert_close(o.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_grouped_value_heads(kind):
+    # GVA: 2 q/k heads serve 4 value heads; equivalent to repeating each q/k head over its group
+    q, k, _, _, _, _ = make_inputs(kind, H=2, T=11)
+    _, _, v, g, beta, h0 = make_inputs(kind, H=4, T=11, seed=1)
+    q_rep, k_rep = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+    ref = call(NAIVE[kind], kind, q_rep, k_rep, v, g, beta, initial_state=h0, output_final_state=True)
+    for fn in (CHUNK[kind], RECURRENT[kind], NAIVE[kind]):
+        o, S = call(fn, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        torch.testing.assert_close(o, ref[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(S, ref[1], rtol=1e-10, atol=1e-10)
+    if kind == "kda":  # fla's reference supports GVA natively
+        fla_o, _ = fla_naive_kda(q, k, v, g, beta, initial_state=h0)
+        torch.testing.assert_close(ref[0], fla_o, rtol=1e-6, atol=1e-6)
+
+
+def test_gla_rejects_grouped_value_heads():
+    q, k, _, g, _, _ = make_inputs("gla", H=2, T=5)
+    v = torch.randn(2, 5, 4, 6, dtype=q.dtype)
+    with pytest.raises(HybridlabError, match="v must be"):
+        ops.chunk_gla(q, k, v, g)
+
+
+# --- building blocks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("C", [6, 16, 64])
+def test_per_channel_scores_match_brute_force(C):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
+    k = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
+    b = F.logsigmoid(torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)).cumsum(2)
+    (P,) = common.per_channel_scores([x], k, b)
+    brute = torch.einsum("nzid,nzjd,nzijd->nzij", x, k, (b[:, :, :, None] - b[:, :, None, :]).exp())
+    torch.testing.assert_close(P, brute.tril(), rtol=1e-12, atol=1e-12)
+
+
+def test_unit_lower_inverse():
+    gen = torch.Generator().manual_seed(4)
+    L = torch.randn(3, 40, 40, dtype=torch.float64, generator=gen) * 0.3
+    L = L.tril(-1) + torch.eye(40, dtype=torch.float64) + 5.0 * torch.ones(40, 40).triu(1)  # upper ignored
+    T = common.unit_lower_inverse(L, base=8)
+    torch.testing.assert_close(T, torch.linalg.inv(L.tril()), rtol=1e-10, atol=1e-10)
+    assert (T.triu(1) == 0).all()
+
+
+def test_sub_chunk_size_divides():
+    assert common.sub_chunk_size(64) == 8
+    assert common.sub_chunk_size(7) in (1, 7)
+    assert all(C % common.sub_chunk_size(C) == 0 for C in range(1, 100))
+
+
+# --- dispatch and errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_tensors_never_reach_fla(kind, monkeypatch):
+    def forbidden(module, name):
+        raise AssertionError(f"fla's {module}.{name} called for CPU tensors")
+
+    for module in (gdn, kda, gla):
+        monkeypatch.setattr(module, "fla_op", forbidden)
+    q, k, v, g, beta, _ = make_inputs(kind, T=5)
+    call(CHUNK[kind], kind, q, k, v, g, beta)
+    call(RECURRENT[kind], kind, q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_shapes_raise_hybridlab_error(kind):
+    q, k, v, g, beta, h0 = make_inputs(kind, T=5)
+    with pytest.raises(HybridlabError, match="g must be"):
+        call(CHUNK[kind], kind, q, k, v, g[..., :1] if kind != "gdn" else g[..., None], beta)
+    with pytest.raises(HybridlabError, match="v must be"):
+        call(CHUNK[kind], kind, q, k, v[:, :3], g, beta)
+    with pytest.raises(HybridlabError, match="initial_state"):
+        call(CHUNK[kind], kind, q, k, v, g, beta, initial_state=h0[:, :, :2])
+    with pytest.raises(HybridlabError, match="chunk_size"):
+        call(CHUNK[kind], kind, q, k, v, g, beta, chunk_size=0)
