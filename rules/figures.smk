@@ -1,26 +1,53 @@
 # Figures phase: one figure or table per result (PDF + PNG, CSV + Markdown), each a named target.
 
+def _runs(table, dirs):
+    """Per-run training logs of a figure: {"<table>/<run>": <dir>/metrics.parquet} (make_figure.py concatenates)."""
+    return {f"{table}/{run}": f"{d}/metrics.parquet" for run, d in dirs}
+
+
+_EV = lambda name: R("eval", f"{name}.parquet")
+_DISTILL_RUNS = _runs("distill", [(f"{t}/{p}-{m}", distill_dir(t, p, m, "stage2")) for t, p, m in STUDENTS])
+_SR_RUNS = _runs("bld_sr", [(a, R("train", f"bld_sr/{a}")) for a in bld_sr_arms()])
+_NL_RUNS = _runs("bld_nl", [(a, R("train", f"bld_nl/{a}")) for a in bld_nl_arms()])
+
+# figure -> {table name (hybridlab.plots.figures.FIGURES) : parquet path}; one named target rule each.
 FIGURES = {
-    "fig_placements": ["softcka"],
-    "fig_softcka_pairs": ["softcka"],
-    "fig_recency": ["recency"],
-    "fig_fertility": ["fertility"],
-    "fig_niah": ["niah"],
-    "fig_distill_curves": ["perplexity"],
-    "fig_spaced_retrieval": ["retrieval_score"],
-    "fig_bld_nl": ["position_loss", "retrieval_heads"],
+    "fig_placements": {"softcka": _EV("softcka")},
+    "fig_softcka_pairs": {"softcka": _EV("softcka")},
+    "fig_softcka_attn_delta": {"softcka": _EV("softcka")},
+    "fig_recency": {"recency": _EV("recency")},
+    "fig_fertility": {"fertility": _EV("fertility")},
+    "fig_niah": {"niah": _EV("niah")},
+    "fig_distill_curves": _DISTILL_RUNS,
+    "fig_tokens_to_baseline": {"tokens_to_baseline": _EV("tokens_to_baseline")},
+    "fig_sr_accuracy": _SR_RUNS,
+    "fig_sr_grad_norms": _SR_RUNS,
+    "fig_retrieval_score": {"retrieval_score": _EV("retrieval_score")},
+    "fig_bld_nl_loss": _NL_RUNS,
+    "fig_position_loss": {"position_loss": _EV("position_loss")},
+    "fig_retrieval_heads": {"retrieval_heads": _EV("retrieval_heads"),
+                            "retrieval_heads_masking": _EV("retrieval_heads_masking")},
 }
+# table -> its inputs, written as CSV + Markdown
+TABLES = {"table_perplexity": {"perplexity": _EV("perplexity")}}
+
+
+def _table_args(tables):
+    return [f"{name}={path}" for name, path in tables.items()]
 
 
 rule figure:
-    """Render one figure from its eval tables."""
+    """Render one figure (PNG + PDF, byte-stable) from its eval tables / training logs (hybridlab.plots)."""
     input:
-        lambda wc: [R("eval", f"{t}.parquet") for t in FIGURES[wc.fig]],
+        lambda wc: list(FIGURES[wc.fig].values()),
     output:
         png=R("figures", "{fig}.png"),
         pdf=R("figures", "{fig}.pdf"),
     wildcard_constraints:
         fig="|".join(FIGURES),
+    params:
+        tables=lambda wc: _table_args(FIGURES[wc.fig]),
+    threads: 1
     log:
         LOG("figures", "{fig}"),
     benchmark:
@@ -32,7 +59,36 @@ rule figure:
     conda:
         CPU_ENV
     shell:
-        "{NOT_READY} figure:{wildcards.fig} 'figure rendering' 6 > {log} 2>&1"
+        "{PY} workflow_scripts/make_figure.py --params '{{}}' --fig {wildcards.fig} --tables {params.tables:q} "
+        "--out-png {output.png} --out-pdf {output.pdf} > {log} 2>&1"
+
+
+rule table:
+    """Write one results table as CSV + Markdown (hybridlab.plots.figures TABLES)."""
+    input:
+        lambda wc: list(TABLES[wc.table].values()),
+    output:
+        csv=R("figures", "{table}.csv"),
+        md=R("figures", "{table}.md"),
+    wildcard_constraints:
+        table="|".join(TABLES),
+    params:
+        cfg=as_json({"baseline_placement": C["experiments"]["distill"]["baseline_placement"]}),
+        tables=lambda wc: _table_args(TABLES[wc.table]),
+    threads: 1
+    log:
+        LOG("figures", "{table}"),
+    benchmark:
+        BENCH("figures", "{table}")
+    resources:
+        mem_mb=2000,
+        runtime=10,
+        gpu=0,
+    conda:
+        CPU_ENV
+    shell:
+        "{PY} workflow_scripts/make_figure.py --params {params.cfg:q} --fig {wildcards.table} "
+        "--tables {params.tables:q} --out-csv {output.csv} --out-md {output.md} > {log} 2>&1"
 
 
 for _fig in FIGURES:
@@ -45,7 +101,18 @@ for _fig in FIGURES:
             R("figures", f"{_fig}.pdf"),
 
 
+for _table in TABLES:
+
+    rule:
+        name:
+            _table
+        input:
+            R("figures", f"{_table}.csv"),
+            R("figures", f"{_table}.md"),
+
+
 rule figures:
     """Phase target: every figure."""
     input:
         [R("figures", f"{f}.{ext}") for f in FIGURES for ext in ("png", "pdf")],
+        [R("figures", f"{t}.{ext}") for t in TABLES for ext in ("csv", "md")],

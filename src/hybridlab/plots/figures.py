@@ -1,0 +1,466 @@
+"""One function per figure of the two studies, each drawn from the tidy eval / metrics tables; table writers.
+
+Every function takes polars DataFrames with the columns documented by the script that writes them
+(workflow_scripts/eval_*.py docstrings; `metrics.parquet` of distill.py / train_bld_sr.py /
+train_bld_nl.py) and returns a `matplotlib.figure.Figure` in the shared style (`hybridlab.plots.style`);
+`save_all` writes it byte-stably. Category orders are sorted explicitly, never taken from row order, so
+the same table always gives the same bytes.
+
+Training logs of several runs enter as one "runs" table: the rows of every run's `metrics.parquet`
+concatenated with a `run` column (`concat_runs`); the run label is the rule's name for it
+(`<teacher>/<placement>-<mixer>` for distillation, the arm name for BLD).
+
+Figures (what each shows):
+- `placements`: layer types of every analysed model (`draw_placements`), from SoftCKA's attn_delta rows.
+- `softcka_pairs`: SoftCKA by layer, English vs each language (colour), hybrid solid vs dense dashed,
+  one panel per pair, the hybrid's full-attention (FA) layers shaded. `kind` picks hidden / attn_delta.
+- `recency`: per pair, mean attention distance of each FA layer and the local mass vs window, by role.
+- `fertility`: tokens relative to English per language and tokenizer.
+- `niah`: NIAH accuracy (mean over tasks) and seconds per example by context length, language and
+  role; cells with an OOM are marked.
+- `distill_curves`: held-out CE and KL vs tokens per placement (stage 2).
+- `tokens_to_baseline`: tokens each placement needs to reach the baseline's final value, as a fraction.
+- `sr_accuracy`, `sr_grad_norms`: BLD Spaced Retrieval validation accuracy per gap and gradient norm
+  per layer kind vs step, per arm; `retrieval_score`: per-layer score vs training fraction per arm.
+- `bld_nl_loss`, `position_loss`, `retrieval_heads`: BLD natural-language curves, loss by position
+  bucket, gate (alpha) distribution and passkey accuracy as heads are masked.
+- `perplexity_table`: per-language perplexity of every placement, the best placement per language and
+  its relative change against the baseline placement (standard periodic by default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import textwrap
+import warnings
+
+import polars as pl
+import seaborn as sns
+from matplotlib.ticker import MaxNLocator
+
+from hybridlab.errors import HybridlabError
+from hybridlab.models.placements import FULL_ATTENTION, draw_placements
+from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, _atomic, new_figure, themed
+
+ROLE_DASHES = {"hybrid": "", "dense": (4, 2)}
+
+
+def require(df: pl.DataFrame, columns, table: str) -> pl.DataFrame:
+    """Fail with one line when `table` lacks columns or rows (a figure of nothing hides a broken rule)."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise HybridlabError(f"table '{table}' lacks columns {missing} (has {df.columns}); rebuild it with "
+                             "the current eval script")
+    if df.height == 0:
+        raise HybridlabError(f"table '{table}' has no rows; check the rule that writes it")
+    return df
+
+
+def concat_runs(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """Rows of every run's metrics with a `run` column; columns missing in a run are null there."""
+    if not frames:
+        raise HybridlabError("no metrics files given; pass at least one run")
+    parts = [df.with_columns(pl.lit(run).alias("run")) for run, df in sorted(frames.items())]
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _pd(df: pl.DataFrame):
+    return df.to_pandas()
+
+
+def _sorted(df: pl.DataFrame, col: str) -> list:
+    return sorted(df[col].drop_nulls().unique().to_list())
+
+
+def _title(ax, text: str) -> None:
+    """Panel title wrapped to the panel width (model names can be long; titles must not overlap)."""
+    ax.set_title(textwrap.fill(text, width=int(ax.get_position().width * ax.figure.get_figwidth() * 12)))
+
+
+def _legend_once(axes) -> None:
+    """Keep the legend of the last drawn panel only, outside the plot area."""
+    for ax in axes[:-1]:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if axes[-1].get_legend() is not None:
+        sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+
+
+def _melt_prefix(df: pl.DataFrame, prefix: str, name: str, table: str) -> pl.DataFrame:
+    """Columns `<prefix><x>` to long rows (x in column `name`, value in `value`), nulls dropped."""
+    cols = sorted(c for c in df.columns if c.startswith(prefix) and "/" not in c[len(prefix):])
+    if not cols:
+        raise HybridlabError(f"table '{table}' has no '{prefix}*' columns; was it written by the current trainer?")
+    long = df.select(["run", "step", *cols]).unpivot(index=["run", "step"], on=cols, variable_name=name)
+    return long.drop_nulls("value").with_columns(pl.col(name).str.slice(len(prefix)))
+
+
+# --- multilinguality -----------------------------------------------------------------------------
+
+
+def placements(softcka: pl.DataFrame):
+    """Layer types of every analysed model (attn_delta rows carry one type per decoder layer)."""
+    df = require(softcka, ["model", "kind", "layer", "layer_type"], "softcka").filter(pl.col("kind") == "attn_delta")
+    if df.height == 0:
+        raise HybridlabError("table 'softcka' has no attn_delta rows; enable the attn_delta kind to draw placements")
+    df = df.unique(["model", "layer"]).sort(["model", "layer"])
+    rows = {m: g["layer_type"].to_list() for (m,), g in df.group_by(["model"], maintain_order=True)}
+    with themed():
+        fig, (ax,) = new_figure(1, height=0.45 * len(rows) + 1.2, width=7.0)
+        draw_placements(ax, rows)
+        _title(ax, "layer types per model")
+    return fig
+
+
+def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metric: str = "cka"):
+    """SoftCKA by layer, one panel per pair: colour = language, solid hybrid vs dashed dense, FA shaded."""
+    df = require(softcka, ["pair", "role", "kind", "layer", "layer_type", "lang", metric], "softcka")
+    df = df.filter(pl.col("kind") == kind)
+    if df.height == 0:
+        raise HybridlabError(f"table 'softcka' has no rows of kind '{kind}'")
+    pairs, langs = _sorted(df, "pair"), _sorted(df, "lang")
+    with themed():
+        fig, axes = new_figure(len(pairs), sharey=True)
+        for ax, pair in zip(axes, pairs):
+            d = df.filter(pl.col("pair") == pair)
+            fa = d.filter((pl.col("role") == "hybrid") & (pl.col("layer_type") == FULL_ATTENTION))
+            for x in sorted(set(fa["layer"].to_list())):
+                ax.axvspan(x - 0.5, x + 0.5, color=FA_COLOR, alpha=0.12, lw=0)
+            sns.lineplot(data=_pd(d.sort(["role", "lang", "layer"])), x="layer", y=metric, hue="lang",
+                         hue_order=langs, style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES,
+                         palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            _title(ax, pair)
+            ax.set_ylabel(f"Soft{metric.upper()} vs English" if metric == "cka" else metric)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.suptitle(f"SoftCKA vs English by layer ({kind}); shaded: the hybrid's full-attention layers", fontsize=9)
+        _legend_once(axes)
+    return fig
+
+
+def recency(rec: pl.DataFrame):
+    """Per pair: mean attention distance per FA layer (top) and local mass vs window (bottom), by role."""
+    df = require(rec, ["pair", "role", "layer", "head", "window", "mass", "mean_distance"], "recency")
+    pairs = _sorted(df, "pair")
+    n = len(pairs)
+    with themed():
+        fig, axes = new_figure(2 * n, ncols=n)
+        for i, pair in enumerate(pairs):
+            d = df.filter(pl.col("pair") == pair)
+            dist = d.group_by(["role", "layer"]).agg(pl.col("mean_distance").mean()).sort(["role", "layer"])
+            sns.barplot(data=_pd(dist), x="layer", y="mean_distance", hue="role", hue_order=["hybrid", "dense"],
+                        palette=ROLE_COLORS, ax=axes[i])
+            _title(axes[i], f"{pair}: FA layers")
+            axes[i].set_ylabel("mean attention distance")
+            mass = d.group_by(["role", "window"]).agg(pl.col("mass").mean()).sort(["role", "window"])
+            sns.lineplot(data=_pd(mass), x="window", y="mass", hue="role", hue_order=["hybrid", "dense"],
+                         palette=ROLE_COLORS, marker="o", ax=axes[n + i])
+            axes[n + i].set_xscale("log", base=2)
+            axes[n + i].set_ylabel("attention mass on last w tokens")
+            axes[n + i].set_xlabel("window w")
+        _legend_once(axes)
+    return fig
+
+
+def fertility(fert: pl.DataFrame):
+    """Tokens per sentence relative to English per language (bars) and tokenizer (colour)."""
+    df = require(fert, ["tokenizer", "lang", "relative_to_english"], "fertility").sort(["lang", "tokenizer"])
+    langs = _sorted(df, "lang")
+    with themed():
+        fig, (ax,) = new_figure(1, width=max(4.0, 0.55 * len(langs) + 2.5))
+        sns.barplot(data=_pd(df), x="lang", y="relative_to_english", hue="tokenizer", order=langs,
+                    hue_order=_sorted(df, "tokenizer"), palette=PALETTE, ax=ax)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_ylabel("fertility relative to English")
+        ax.tick_params(axis="x", rotation=45)
+        _legend_once([ax])
+    return fig
+
+
+def niah(table: pl.DataFrame):
+    """NIAH accuracy (top) and seconds per example (bottom) vs context length, per pair; OOM cells marked."""
+    df = require(table, ["pair", "role", "lang", "task", "context_tokens", "accuracy", "seconds", "oom"], "niah")
+    pairs, langs = _sorted(df, "pair"), _sorted(df, "lang")
+    n = len(pairs)
+    cell = df.group_by(["pair", "role", "lang", "context_tokens"]).agg(
+        pl.col("accuracy").mean(), pl.col("seconds").mean(), pl.col("oom").any()).sort(
+        ["pair", "role", "lang", "context_tokens"])
+    with themed():
+        fig, axes = new_figure(2 * n, ncols=n)
+        for i, pair in enumerate(pairs):
+            d = cell.filter(pl.col("pair") == pair)
+            sns.lineplot(data=_pd(d), x="context_tokens", y="accuracy", hue="lang", hue_order=langs,
+                         style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES, palette=PALETTE,
+                         marker="o", errorbar=None, ax=axes[i])
+            ooms = d.filter(pl.col("oom"))
+            if ooms.height:
+                axes[i].scatter(ooms["context_tokens"].to_list(), [0.0] * ooms.height, marker="x", color="red",
+                                zorder=5, label="OOM")
+                for x in sorted(set(ooms["context_tokens"].to_list())):
+                    axes[i].annotate("OOM", (x, 0.0), textcoords="offset points", xytext=(0, 6), ha="center",
+                                     fontsize=6, color="red")
+            _title(axes[i], f"{pair}: accuracy (mean over tasks)")
+            axes[i].set_ylim(-0.05, 1.05)
+            rt = d.group_by(["role", "context_tokens"]).agg(pl.col("seconds").mean()).sort(["role", "context_tokens"])
+            sns.lineplot(data=_pd(rt), x="context_tokens", y="seconds", hue="role", hue_order=["hybrid", "dense"],
+                         palette=ROLE_COLORS, marker="o", ax=axes[n + i])
+            axes[n + i].set_ylabel("seconds per example")
+            for ax in (axes[i], axes[n + i]):
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("context tokens")
+        _legend_once(axes[:n])
+        _legend_once(axes[n:])
+    return fig
+
+
+def _distill_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Split a distillation run label `<teacher>/<placement>-<mixer>` into columns."""
+    last = pl.col("run").str.split("/").list.last()
+    return runs.with_columns(
+        teacher=pl.col("run").str.split("/").list.first(),
+        placement=last.str.replace(r"-[^-]+$", ""),
+        mixer=last.str.extract(r"-([^-]+)$"),
+    )
+
+
+def distill_curves(runs: pl.DataFrame):
+    """Held-out CE and KL to the teacher vs training tokens, one line per placement (stage 2)."""
+    df = _distill_runs(require(runs, ["run", "tokens", "eval/ce", "eval/kl"], "distill metrics"))
+    df = df.filter(pl.col("eval/ce").is_not_null()).sort(["run", "tokens"])
+    label = "placement" if df["run"].n_unique() == df["placement"].n_unique() else "run"
+    with themed():
+        fig, axes = new_figure(2)
+        for ax, col, name in zip(axes, ["eval/ce", "eval/kl"], ["held-out CE", "held-out KL(teacher || student)"]):
+            sns.lineplot(data=_pd(df), x="tokens", y=col, hue=label, hue_order=_sorted(df, label),
+                         palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            ax.set_ylabel(name)
+            ax.set_xlabel("training tokens")
+        _legend_once(axes)
+    return fig
+
+
+def tokens_to_baseline(tokens: pl.DataFrame, lang: str = "all"):
+    """Fraction of the baseline's tokens each placement needs to reach the baseline's final CE / KL."""
+    df = require(tokens, ["mixer", "placement", "metric", "lang", "fraction"], "tokens_to_baseline")
+    df = df.filter(pl.col("lang") == lang).sort(["metric", "mixer", "placement"])
+    if df.height == 0:
+        raise HybridlabError(f"table 'tokens_to_baseline' has no rows for lang '{lang}'")
+    metrics, placements_ = _sorted(df, "metric"), _sorted(df, "placement")
+    with themed():
+        fig, axes = new_figure(len(metrics), sharey=True)
+        for ax, metric in zip(axes, metrics):
+            d = df.filter(pl.col("metric") == metric)
+            sns.barplot(data=_pd(d), x="placement", y="fraction", hue="mixer", order=placements_,
+                        hue_order=_sorted(d, "mixer"), palette=PALETTE, ax=ax)
+            for i, p in enumerate(placements_):
+                if d.filter((pl.col("placement") == p) & pl.col("fraction").is_null()).height:
+                    ax.annotate("not reached", (i, 0), ha="center", va="bottom", rotation=90, fontsize=6)
+            ax.axhline(1.0, color="black", lw=0.8, ls="--")
+            _title(ax, f"{metric}: tokens to baseline final ({lang})")
+            ax.set_ylabel("fraction of baseline tokens")
+            ax.tick_params(axis="x", rotation=45)
+        _legend_once(axes)
+    return fig
+
+
+def perplexity_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> pl.DataFrame:
+    """Per (teacher, mixer, lang): teacher and per-placement perplexity, best placement, change vs baseline.
+
+    `best_vs_baseline` = ppl(best) / ppl(baseline) - 1 (negative = better than the baseline placement);
+    ties for the best perplexity go to the alphabetically first placement.
+    """
+    df = require(ppl, ["teacher", "placement", "mixer", "lang", "ppl"], "perplexity")
+    teach = df.filter(pl.col("placement").is_null()).select("teacher", "lang", teacher_ppl="ppl")
+    stud = df.filter(pl.col("placement").is_not_null())
+    if baseline not in stud["placement"].to_list():
+        raise HybridlabError(f"baseline placement '{baseline}' has no rows in table 'perplexity'; set "
+                             "experiments.distill.baseline_placement to a distilled placement")
+    wide = stud.pivot(on="placement", index=["teacher", "mixer", "lang"], values="ppl", sort_columns=True)
+    best = (stud.sort(["ppl", "placement"]).group_by(["teacher", "mixer", "lang"], maintain_order=True)
+            .first().select("teacher", "mixer", "lang", best_placement="placement", best_ppl="ppl"))
+    out = (wide.join(best, on=["teacher", "mixer", "lang"]).join(teach, on=["teacher", "lang"], how="left")
+           .with_columns(best_vs_baseline=pl.col("best_ppl") / pl.col(baseline) - 1.0))
+    # "all" (pooled) last, languages sorted: a stable, readable row order
+    return out.sort(["teacher", "mixer", pl.col("lang") == "all", "lang"]).select(
+        "teacher", "mixer", "lang", "teacher_ppl", *sorted(_sorted(stud, "placement")), "best_placement",
+        "best_ppl", "best_vs_baseline")
+
+
+def write_table(df: pl.DataFrame, csv_path: str | Path, md_path: str | Path, decimals: int = 4) -> None:
+    """Write `df` as CSV and as a Markdown table, floats rounded to `decimals` (stable text, diffable)."""
+    df = df.with_columns(pl.col(pl.Float32, pl.Float64).round(decimals))
+    _atomic(Path(csv_path), lambda tmp: df.write_csv(tmp, float_precision=decimals))
+    with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
+                   tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=200, tbl_width_chars=10_000,
+                   float_precision=decimals, fmt_float="full"):
+        text = str(df) + "\n"
+    _atomic(Path(md_path), lambda tmp: tmp.write_text(text))
+
+
+# --- competing learning / BLD --------------------------------------------------------------------
+
+
+def sr_accuracy(runs: pl.DataFrame):
+    """Validation accuracy (per answer digit) vs step, one panel per gap, one line per arm."""
+    df = _melt_prefix(require(runs, ["run", "step"], "bld_sr metrics"), "eval/acc/gap", "gap", "bld_sr metrics")
+    df = df.with_columns(pl.col("gap").cast(pl.Int64)).sort(["gap", "run", "step"])
+    gaps, arms = _sorted(df, "gap"), _sorted(df, "run")
+    with themed():
+        fig, axes = new_figure(len(gaps), sharey=True)
+        for ax, g in zip(axes, gaps):
+            sns.lineplot(data=_pd(df.filter(pl.col("gap") == g)), x="step", y="value", hue="run", hue_order=arms,
+                         palette=PALETTE, errorbar=None, ax=ax)
+            _title(ax, f"gap {g}")
+            ax.set_ylabel("validation accuracy")
+            ax.set_ylim(-0.02, 1.02)
+        _legend_once(axes)
+    return fig
+
+
+def sr_grad_norms(runs: pl.DataFrame):
+    """Gradient norm of each layer kind (attention first) vs step, one line per arm, log scale."""
+    df = _melt_prefix(require(runs, ["run", "step"], "bld_sr metrics"), "grad_norm/", "kind", "bld_sr metrics")
+    df = df.filter(~pl.col("kind").str.starts_with("layer")).sort(["kind", "run", "step"])
+    kinds = sorted(_sorted(df, "kind"), key=lambda k: (k != FULL_ATTENTION, k))
+    with themed():
+        fig, axes = new_figure(len(kinds), sharey=True)
+        for ax, k in zip(axes, kinds):
+            d = df.filter((pl.col("kind") == k) & (pl.col("value") > 0))  # frozen steps log 0: not on log axis
+            sns.lineplot(data=_pd(d), x="step", y="value", hue="run", hue_order=_sorted(df, "run"),
+                         palette=PALETTE, errorbar=None, ax=ax)
+            ax.set_yscale("log")
+            _title(ax, f"{k.replace('_', ' ')} gradient norm")
+            ax.set_ylabel("grad norm (pre-clip)")
+        _legend_once(axes)
+    return fig
+
+
+def retrieval_score(score: pl.DataFrame):
+    """Layer Retrieval Ability Score (mean over gaps) vs training fraction, one panel per arm."""
+    df = require(score, ["arm", "fraction", "layer", "layer_type", "gap", "score"], "retrieval_score")
+    df = (df.group_by(["arm", "fraction", "layer", "layer_type"]).agg(pl.col("score").mean())
+          .with_columns(label=pl.format("L{} {}", "layer", "layer_type")).sort(["arm", "layer", "fraction"]))
+    arms, labels = _sorted(df, "arm"), df.sort("layer")["label"].unique(maintain_order=True).to_list()
+    with themed():
+        fig, axes = new_figure(len(arms), sharey=True)
+        for ax, arm in zip(axes, arms):
+            sns.lineplot(data=_pd(df.filter(pl.col("arm") == arm)), x="fraction", y="score", hue="label",
+                         hue_order=labels, palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            _title(ax, arm)
+            ax.set_xlim(-0.02, 1.02)  # the same axis for every arm, even one scored at a single checkpoint
+            ax.set_xlabel("fraction of training")
+            ax.set_ylabel("retrieval score")
+        _legend_once(axes)
+    return fig
+
+
+def _nl_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Split a BLD-NL arm name `<mixer>[-<size>]-<variant>` into mixer and variant."""
+    return runs.with_columns(mixer=pl.col("run").str.replace(r"-[^-]+$", ""),
+                             variant=pl.col("run").str.extract(r"-([^-]+)$"))
+
+
+def bld_nl_loss(runs: pl.DataFrame):
+    """Training loss and held-out CE vs tokens per arm: colour = mixer (and size), solid BLD vs dashed baseline."""
+    df = _nl_runs(require(runs, ["run", "tokens", "loss", "eval/ce"], "bld_nl metrics")).sort(["run", "tokens"])
+    mixers = _sorted(df, "mixer")
+    dashes = {"bld": "", "baseline": (4, 2)}
+    with themed():
+        fig, axes = new_figure(2)
+        for ax, col, name in zip(axes, ["loss", "eval/ce"], ["training loss", "held-out CE"]):
+            d = df.filter(pl.col(col).is_not_null())
+            sns.lineplot(data=_pd(d), x="tokens", y=col, hue="mixer", hue_order=mixers, style="variant",
+                         style_order=sorted(dashes), dashes=dashes, palette=PALETTE, errorbar=None, ax=ax)
+            ax.set_ylabel(name)
+            ax.set_xlabel("training tokens")
+        _legend_once(axes)
+    return fig
+
+
+def position_loss(buckets: pl.DataFrame):
+    """Mean loss per token-position bucket (geometric bucket centre, log axis), one panel per size."""
+    df = require(buckets, ["mixer", "size", "variant", "bucket_lo", "bucket_hi", "mean_loss"], "position_loss")
+    df = df.with_columns(position=(pl.col("bucket_lo") * pl.col("bucket_hi")).sqrt()).sort(
+        ["size", "mixer", "variant", "position"])
+    sizes = _sorted(df, "size")
+    dashes = {"bld": "", "baseline": (4, 2)}
+    with themed():
+        fig, axes = new_figure(len(sizes), sharey=True)
+        for ax, size in zip(axes, sizes):
+            sns.lineplot(data=_pd(df.filter(pl.col("size") == size)), x="position", y="mean_loss", hue="mixer",
+                         hue_order=_sorted(df, "mixer"), style="variant", style_order=sorted(dashes),
+                         dashes=dashes, palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            ax.set_xscale("log", base=2)
+            _title(ax, f"size {size}")
+            ax.set_xlabel("token position")
+            ax.set_ylabel("mean loss")
+        _legend_once(axes)
+    return fig
+
+
+def retrieval_heads(alphas: pl.DataFrame, masking: pl.DataFrame):
+    """Gate (alpha) distribution per arm (left) and passkey accuracy as heads are masked (right)."""
+    a = require(alphas, ["model", "alpha"], "retrieval_heads").sort(["model", "alpha"])
+    m = require(masking, ["model", "frac_masked", "accuracy"], "retrieval_heads_masking").sort(["model", "frac_masked"])
+    models = sorted(set(_sorted(a, "model")) | set(_sorted(m, "model")))
+    with themed():
+        fig, axes = new_figure(2)
+        with warnings.catch_warnings():
+            # seaborn 0.13 passes matplotlib's deprecated `vert`; harmless, and not ours to fix
+            warnings.filterwarnings("ignore", message="vert: bool", category=DeprecationWarning)
+            sns.boxplot(data=_pd(a), x="model", y="alpha", order=models, color="#dddddd", fliersize=0, ax=axes[0])
+        sns.stripplot(data=_pd(a), x="model", y="alpha", order=models, hue="model", hue_order=models,
+                      palette=PALETTE, jitter=False, size=3, legend=False, ax=axes[0])
+        axes[0].set_ylim(-0.05, 1.05)
+        axes[0].set_ylabel("gate alpha per KV head")
+        axes[0].tick_params(axis="x", rotation=45)
+        sns.lineplot(data=_pd(m), x="frac_masked", y="accuracy", hue="model", hue_order=models, palette=PALETTE,
+                     marker="o", errorbar=None, ax=axes[1])
+        axes[1].set_xlabel("fraction of heads masked (lowest alpha first)")
+        axes[1].set_ylabel("passkey accuracy")
+        axes[1].set_ylim(-0.05, 1.05)
+        _legend_once(axes[1:])
+    return fig
+
+
+# name -> (function, the table names it reads, in argument order)
+FIGURES = {
+    "fig_placements": (placements, ["softcka"]),
+    "fig_softcka_pairs": (lambda t: softcka_pairs(t, "hidden"), ["softcka"]),
+    "fig_softcka_attn_delta": (lambda t: softcka_pairs(t, "attn_delta"), ["softcka"]),
+    "fig_recency": (recency, ["recency"]),
+    "fig_fertility": (fertility, ["fertility"]),
+    "fig_niah": (niah, ["niah"]),
+    "fig_distill_curves": (distill_curves, ["distill"]),
+    "fig_tokens_to_baseline": (tokens_to_baseline, ["tokens_to_baseline"]),
+    "fig_sr_accuracy": (sr_accuracy, ["bld_sr"]),
+    "fig_sr_grad_norms": (sr_grad_norms, ["bld_sr"]),
+    "fig_retrieval_score": (retrieval_score, ["retrieval_score"]),
+    "fig_bld_nl_loss": (bld_nl_loss, ["bld_nl"]),
+    "fig_position_loss": (position_loss, ["position_loss"]),
+    "fig_retrieval_heads": (retrieval_heads, ["retrieval_heads", "retrieval_heads_masking"]),
+}
+RUN_TABLES = ("distill", "bld_sr", "bld_nl")  # given as one metrics file per run: `<table>/<run>=path`
+TABLES = {"table_perplexity": (perplexity_table, ["perplexity"])}
+
+
+def render(name: str, tables: dict[str, pl.DataFrame]):
+    """The Figure `name` of FIGURES drawn from `tables` (table name -> DataFrame)."""
+    if name not in FIGURES:
+        raise HybridlabError(f"unknown figure '{name}'; choose one of {sorted(FIGURES)}")
+    fn, needs = FIGURES[name]
+    missing = [t for t in needs if t not in tables]
+    if missing:
+        raise HybridlabError(f"figure '{name}' needs tables {missing}; pass them as --tables NAME=PATH")
+    return fn(*[tables[t] for t in needs])
+
+
+def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.DataFrame:
+    """The table `name` of TABLES built from `tables`."""
+    if name not in TABLES:
+        raise HybridlabError(f"unknown table '{name}'; choose one of {sorted(TABLES)}")
+    fn, needs = TABLES[name]
+    missing = [t for t in needs if t not in tables]
+    if missing:
+        raise HybridlabError(f"table '{name}' needs tables {missing}; pass them as --tables NAME=PATH")
+    return fn(*[tables[t] for t in needs], **kwargs)
