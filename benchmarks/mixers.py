@@ -10,7 +10,9 @@ forward (under ``no_grad``) and forward+backward of
 - GLA: ``hybridlab`` chunked op | fla's ``naive_recurrent_gla`` (fla 0.6 ships no naive chunked GLA).
 
 Contenders run interleaved, round after round, so background load hits them alike; the reported
-time is the median over rounds after one warm-up round. It also measures this machine's fp32 matmul
+time is the median over rounds after one warm-up round (the JSON also has the minimum). Other
+processes on the machine distort the ratios (every op is an OpenMP barrier that waits for a
+descheduled thread), so compare on an otherwise idle machine. It also measures this machine's fp32 matmul
 throughput and reports, for each ``hybridlab`` op, the achieved fraction of it from an analytic count
 of the op's matmul FLOPs (triangular inverses and element-wise work not counted). The last printed
 line is one JSON object with every time and ratio.
@@ -146,6 +148,7 @@ def bench_op(kind: str, reps: int, peak_gflops: float) -> dict:
     for name in fns:
         for mode in ("fwd", "fwdbwd"):
             result[f"{name}_{mode}_ms"] = 1e3 * statistics.median(times[name][mode])
+            result[f"{name}_{mode}_min_ms"] = 1e3 * min(times[name][mode])  # least disturbed by other load
     for name in fns:
         if name == "hybridlab":
             continue

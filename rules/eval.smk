@@ -10,48 +10,83 @@ def distilled_students():
     return [distill_dir(t, p, m, "stage2") for t, p, m in STUDENTS]
 
 
+def analysis_models_param():
+    """Which models the SoftCKA / recency / NIAH / fertility rules analyse (hybridlab.eval.pairs)."""
+    A = C.get("eval", {}).get("analysis")
+    if A is None:
+        print(f"error: config: presets.{SCALE}.eval.analysis is missing; copy it from another preset", file=sys.stderr)
+        sys.exit(1)
+    distilled = [{"teacher": t.replace("--", "/"), "teacher_path": teacher_dir(t), "student": f"{p}-{m}",
+                  "student_path": distill_dir(t, p, m, "stage2"),
+                  "tokenizer": R("data", "tokenizer") if OFFLINE else teacher_dir(t)}
+                 for t, p, m in STUDENTS] if A["include_distilled"] else []
+    return {"distilled": distilled, "hub_pairs": A["hub_pairs"]}
+
+
+def analysis_params(section):
+    A = C["eval"]["analysis"]
+    return as_json({"models": analysis_models_param(), "dtype": A["dtype"], "seed": C["seed"],
+                    "english": C["languages"]["english"], section: A[section]})
+
+
+def analysis_inputs():
+    """The DAG models the analyses read (none when only hub models are analysed)."""
+    if not C.get("eval", {}).get("analysis", {}).get("include_distilled", False):
+        return []
+    return ([f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES]
+            + [f"{d}/{f}" for d in distilled_students() for f in ("model.safetensors", "hybrid.json")])
+
+
 rule eval_softcka:
     """SoftCKA and per-pair alignment by layer, English vs each language, hidden states and attn_delta."""
     input:
-        teachers=[f"{teacher_dir(t)}/model.safetensors" for t in TEACHERS],
-        students=[f"{d}/model.safetensors" for d in distilled_students()],
+        models=analysis_inputs(),
         parallel=CORPUS["parallel"],
+        tokenizer=TOKENIZER,
     output:
         R("eval", "softcka.parquet"),
+    params:
+        cfg=analysis_params("softcka"),
+    threads: 1 if not ON_GPU else 8
     log:
         LOG("eval", "softcka"),
     benchmark:
         BENCH("eval", "softcka")
     resources:
-        mem_mb=16000,
-        runtime=60,
+        mem_mb=8000 if OFFLINE else 64000,
+        runtime=30 if OFFLINE else 720,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_softcka 'SoftCKA table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_softcka.py --params {params.cfg:q} --parallel {input.parallel} "
+        "--out {output} > {log} 2>&1"
 
 
 rule eval_recency:
     """Attention mass on the last w tokens and mean attention distance per FA layer and head."""
     input:
-        teachers=[f"{teacher_dir(t)}/model.safetensors" for t in TEACHERS],
-        students=[f"{d}/model.safetensors" for d in distilled_students()],
+        models=analysis_inputs(),
         mono=CORPUS["mono"],
+        tokenizer=TOKENIZER,
     output:
         R("eval", "recency.parquet"),
+    params:
+        cfg=analysis_params("recency"),
+    threads: 1 if not ON_GPU else 8
     log:
         LOG("eval", "recency"),
     benchmark:
         BENCH("eval", "recency")
     resources:
-        mem_mb=16000,
-        runtime=60,
+        mem_mb=8000 if OFFLINE else 64000,
+        runtime=30 if OFFLINE else 240,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_recency 'attention recency table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_recency.py --params {params.cfg:q} --mono {input.mono} --out {output} "
+        "> {log} 2>&1"
 
 
 rule eval_fertility:
@@ -61,6 +96,10 @@ rule eval_fertility:
         tokenizer=TOKENIZER,
     output:
         R("eval", "fertility.parquet"),
+    params:
+        cfg=analysis_params("fertility"),
+        tokdir=R("data", "tokenizer"),
+    threads: 1
     log:
         LOG("eval", "fertility"),
     benchmark:
@@ -72,60 +111,83 @@ rule eval_fertility:
     conda:
         CPU_ENV
     shell:
-        "{NOT_READY} eval_fertility 'fertility table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_fertility.py --params {params.cfg:q} --parallel {input.parallel} "
+        "--tokenizer {params.tokdir} --out {output} > {log} 2>&1"
 
 
 rule eval_perplexity:
     """Per-language CE / perplexity / KL to the teacher for teachers and students; tokens to baseline."""
     input:
         teachers=[f"{teacher_dir(t)}/model.safetensors" for t in TEACHERS],
-        students=[f"{d}/model.safetensors" for d in distilled_students()],
+        students=[f"{d}/{f}" for d in distilled_students() for f in ("model.safetensors", "hybrid.json", "metrics.parquet")],
         mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES],
     output:
-        R("eval", "perplexity.parquet"),
+        table=R("eval", "perplexity.parquet"),
+        tokens=R("eval", "tokens_to_baseline.parquet"),
+    params:
+        cfg=as_json({
+            "teachers": {t: teacher_dir(t) for t in TEACHERS},
+            "students": [{"teacher": t, "placement": p, "mixer": m, "dir": distill_dir(t, p, m, "stage2")}
+                         for t, p, m in STUDENTS],
+            "rows_per_language": C["train"]["distill"]["table_rows_per_language"],
+            "batch_size": C["train"]["distill"]["eval_batch_size"],
+            "baseline_placement": C["experiments"]["distill"]["baseline_placement"],
+        }),
+        mixture=R("data", "mixture/multilingual"),
     log:
         LOG("eval", "perplexity"),
     benchmark:
         BENCH("eval", "perplexity")
     resources:
-        mem_mb=16000,
-        runtime=60,
+        mem_mb=16000 if OFFLINE else 64000,
+        runtime=60 if OFFLINE else 240,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_perplexity 'perplexity/KL table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_perplexity.py --params {params.cfg:q} --mixture {params.mixture} "
+        "--out {output.table} --tokens-out {output.tokens} > {log} 2>&1"
 
 
 rule eval_niah:
     """OneRULER-style NIAH accuracy, runtime, peak memory and OOM per language and context length."""
     input:
-        teachers=[f"{teacher_dir(t)}/model.safetensors" for t in TEACHERS],
-        students=[f"{d}/model.safetensors" for d in distilled_students()],
+        models=analysis_inputs(),
         mono=CORPUS["mono"],
+        tokenizer=TOKENIZER,
     output:
-        R("eval", "niah.parquet"),
+        table=R("eval", "niah.parquet"),
+        examples=R("eval", "niah_examples.parquet"),
+    params:
+        cfg=analysis_params("niah"),
+    threads: 1 if not ON_GPU else 8
     log:
         LOG("eval", "niah"),
     benchmark:
         BENCH("eval", "niah")
     resources:
-        mem_mb=16000,
-        runtime=120,
+        mem_mb=8000 if OFFLINE else 96000,
+        runtime=30 if OFFLINE else 1440,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_niah 'NIAH table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_niah.py --params {params.cfg:q} --mono {input.mono} --out {output.table} "
+        "--examples {output.examples} > {log} 2>&1"
 
 
 rule eval_retrieval_score:
     """Layer Retrieval Ability Score by activation patching per layer and checkpoint (Spaced Retrieval)."""
     input:
         models=lambda wc: [R("train", f"bld_sr/{a}/model.safetensors") for a in bld_sr_arms()],
+        indices=lambda wc: [R("train", f"bld_sr/{a}/score_checkpoints/index.json") for a in bld_sr_arms()],
         test=R("data", "spaced_retrieval/test.parquet"),
     output:
         R("eval", "retrieval_score.parquet"),
+    params:
+        cfg=as_json({**C["eval"]["retrieval_score"], "seed": C["seed"]}),
+        arms=lambda wc: [R("train", f"bld_sr/{a}") for a in bld_sr_arms()],
+    threads: 1 if not ON_GPU else 8
     log:
         LOG("eval", "retrieval_score"),
     benchmark:
@@ -137,51 +199,117 @@ rule eval_retrieval_score:
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_retrieval_score 'retrieval score table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_retrieval_score.py --params {params.cfg:q} --arms {params.arms} "
+        "--test {input.test} --out {output} --threads {threads} > {log} 2>&1"
+
+
+def heads_position_params(section):
+    """Params of the retrieval-heads / position-loss / lm-eval rules (presets.<scale>.eval.heads_position)."""
+    hp = C.get("eval", {}).get("heads_position")
+    if hp is None or section not in hp:
+        print(f"error: config: presets.{SCALE}.eval.heads_position.{section} is missing", file=sys.stderr)
+        sys.exit(1)
+    return as_json({section: hp[section], "seed": C["seed"], "device": "cuda" if ON_GPU else "cpu",
+                    "dtype": "bfloat16" if ON_GPU else "float32"})
+
+
+def bld_nl_dirs():
+    return [R("train", f"bld_nl/{a}") for a in bld_nl_arms()]
 
 
 rule eval_retrieval_heads:
     """DuoAttention-style per-KV-head gates and accuracy as heads are masked from lowest gate up."""
     input:
-        models=lambda wc: [R("train", f"bld_nl/{a}/model.safetensors") for a in bld_nl_arms()],
+        models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
+        mixture=[R("data", f"mixture/english/{f}") for f in MIXTURE_FILES],
+        tokenizer=TOKENIZER,
     output:
-        R("eval", "retrieval_heads.parquet"),
+        alphas=R("eval", "retrieval_heads.parquet"),
+        curve=R("eval", "retrieval_heads_masking.parquet"),
+    params:
+        cfg=heads_position_params("retrieval_heads"),
+        models=bld_nl_dirs(),
+        mixture=R("data", "mixture/english"),
+        tokdir=R("data", "tokenizer"),
+        work=R("eval", "runs/retrieval_heads"),
     log:
         LOG("eval", "retrieval_heads"),
     benchmark:
         BENCH("eval", "retrieval_heads")
+    threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=8000 if OFFLINE else 80000,
+        runtime=60 if OFFLINE else 600,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_retrieval_heads 'retrieval heads table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_retrieval_heads.py --params {params.cfg:q} --models {params.models} "
+        "--mixture {params.mixture} --tokenizer {params.tokdir} --work {params.work} --out {output.alphas} "
+        "--curve {output.curve} --threads {threads} > {log} 2>&1"
 
 
 rule eval_position_loss:
-    """Loss by token-position bucket on long documents and LongPPL."""
+    """Loss by token-position bucket on long held-out documents and LongPPL, every BLD-NL arm."""
     input:
-        models=lambda wc: [R("train", f"bld_nl/{a}/model.safetensors") for a in bld_nl_arms()],
+        models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
         mixture=[R("data", f"mixture/english/{f}") for f in MIXTURE_FILES],
     output:
-        R("eval", "position_loss.parquet"),
+        buckets=R("eval", "position_loss.parquet"),
+        summary=R("eval", "position_loss_summary.parquet"),
+    params:
+        cfg=heads_position_params("position_loss"),
+        models=bld_nl_dirs(),
+        mixture=R("data", "mixture/english"),
     log:
         LOG("eval", "position_loss"),
     benchmark:
         BENCH("eval", "position_loss")
+    threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=8000 if OFFLINE else 80000,
+        runtime=60 if OFFLINE else 600,
         gpu=gpus(1),
     conda:
         CUDA_ENV
     shell:
-        "{NOT_READY} eval_position_loss 'position loss table' 5 > {log} 2>&1"
+        "{PY} workflow_scripts/eval_position_loss.py --params {params.cfg:q} --models {params.models} "
+        "--mixture {params.mixture} --out {output.buckets} --summary {output.summary} --threads {threads} "
+        "> {log} 2>&1"
+
+
+# Paper preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
+LM_BENCHMARK_MODELS = ([teacher_dir(t) for t in TEACHERS] + distilled_students() + bld_nl_dirs()) if ON_GPU else []
+
+
+rule eval_lm_benchmarks:
+    """lm-eval (arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, swde, fda, squad_completion, RULER)."""
+    input:
+        models=[f"{d}/model.safetensors" for d in LM_BENCHMARK_MODELS],
+        tokenizer=TOKENIZER,
+    output:
+        R("eval", "lm_benchmarks.parquet"),
+    params:
+        cfg=lambda wc: heads_position_params("lm_eval"),
+        models=LM_BENCHMARK_MODELS,
+        tokdir=R("data", "tokenizer"),
+    log:
+        LOG("eval", "lm_benchmarks"),
+    benchmark:
+        BENCH("eval", "lm_benchmarks")
+    resources:
+        mem_mb=80000,
+        runtime=1440,
+        gpu=gpus(1),
+    conda:
+        CUDA_ENV
+    shell:
+        "{PY} workflow_scripts/eval_lm_benchmarks.py --params {params.cfg:q} --models {params.models} "
+        "--tokenizer {params.tokdir} --out {output} > {log} 2>&1"
 
 
 rule eval:
     """Phase target: every analysis table."""
     input:
         [R("eval", f"{name}.parquet") for name in EVAL_TABLES],
+        [R("eval", "lm_benchmarks.parquet")] if ON_GPU else [],

@@ -132,11 +132,13 @@ def test_qk_l2norm_in_kernel(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_outputs_without_final_state_and_custom_scale(kind):
-    q, k, v, g, beta, _ = make_inputs(kind, T=9)
-    o, S = call(CHUNK[kind], kind, q, k, v, g, beta, scale=0.3, chunk_size=4)
-    ref = call(NAIVE[kind], kind, q, k, v, g, beta, scale=0.3)[0]
+    q, k, v, g, beta, h0 = (x.requires_grad_() for x in make_inputs(kind, T=9))
+    o, S = call(CHUNK[kind], kind, q, k, v, g, beta, scale=0.3, initial_state=h0, chunk_size=4)
+    ref = call(NAIVE[kind], kind, q, k, v, g, beta, scale=0.3, initial_state=h0)[0]
     assert S is None
     torch.testing.assert_close(o, ref, rtol=1e-10, atol=1e-10)
+    for got, want in zip(torch.autograd.grad(o.sum(), [q, h0]), torch.autograd.grad(ref.sum(), [q, h0])):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("kind", KINDS)

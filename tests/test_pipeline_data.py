@@ -45,7 +45,7 @@ def test_dry_run_lists_every_phase(scale):
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
     n_students = len(["p"] * 5) * (2 if scale == "paper" else 1)  # 5 placements x teachers x 1 mixer
     assert counts["convert"] == n_students
-    assert counts["figure"] == 8
+    assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
 @pytest.mark.slow

@@ -8,9 +8,10 @@ Definitions (this project's; see DESIGN.md "Evaluation"):
       k(S_i, S_j) = mean_{a in S_i, b in S_j} exp(-||a - b||^2 / (2 sigma^2)).
 - Bandwidth, median heuristic: sigma = median ||a - b|| over token pairs a != b (by position) of ONE
   language and layer, pooled over all its sentences. If the language has at most `median_pairs`
-  distinct pairs all of them are used, otherwise `median_pairs` pairs of distinct token positions are
-  drawn uniformly with `torch.Generator().manual_seed(seed)`. The pairs depend only on the token count
-  and the seed, so rotating or scaling the vectors leaves the chosen pairs, and hence SoftCKA, unchanged.
+  distinct pairs all of them are used, otherwise all pairs among m tokens drawn uniformly without
+  replacement with `torch.Generator().manual_seed(seed)`, m the smallest with m(m-1)/2 >= median_pairs.
+  The tokens depend only on the token count and the seed, so rotating or scaling the vectors leaves
+  the chosen pairs, and hence SoftCKA, unchanged.
 - SoftCKA (linear CKA of Kornblith et al. 2019, "Similarity of Neural Network Representations
   Revisited", applied to the two N x N sentence Gram matrices K (English) and L (language X)):
       SoftCKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)),  HSIC(K, L) = tr(K H L H), H = I - 11^T / N.
@@ -25,14 +26,26 @@ Definitions (this project's; see DESIGN.md "Evaluation"):
   similar to the same other sentences in both languages". The corpus value is the mean over i.
   It needs no shared space, so it also compares different models and tokenisers. Identical inputs -> 1.
 
-Exact path: tokens are grouped into blocks of whole sentences (<= `block_tokens` tokens each; a longer
-sentence is its own block); for each pair of blocks the token kernel block E comes from the expansion
-||a||^2 + ||b||^2 - 2 a.b (one fp32 matmul), and the per-sentence sums M E M^T are segment sums
-(`index_add_` over rows, twice), so memory is O(block_tokens^2) and only the upper block triangle is
-computed. Vectors are mean-centred first (distances do not change) to limit cancellation in the
-expansion. Runs on any torch device (`device="cuda"` on a GPU). Cost ~ T^2 D fp32 multiply-adds per
-language (T tokens), about 90% of it in the matmuls; 1,000 sentences x 30 tokens x D=256 take ~2.4 s
-per Gram on 2 idle CPU cores. The RFF path costs ~T D F, ~0.3 s per Gram at F = 1024.
+Exact path: sentences are sorted by length and grouped into blocks of at most `block_tokens` padded
+tokens (a longer sentence is its own block), each block laid out as [sentences, P_b slots] with P_b its
+longest sentence, so similar lengths share a block and padding is small. For each pair of blocks
+(upper block triangle only) ONE fp32 GEMM of augmented rows l_a = log2(e) [2a, -|a|^2, -1] and
+r_b = [b, 1, |b|^2] gives -log2(e) ||a - b||^2 for every token pair; exp2 turns it into the kernel
+block (padding slots carry |.|^2 = 1e4, so their terms are exactly 0), and a reshape-sum over the two
+slot axes gives the per-sentence-pair sums. Blocks of ~1,000 tokens keep the GEMM output in cache
+while it is exponentiated and reduced. Vectors are mean-centred first (distances do not change) to
+limit cancellation in the expansion: the exponent's absolute error is ~1e-7 (|a'|^2 + |b'|^2) in
+bandwidth units, negligible unless two near-identical tokens lie hundreds of sigmas from the mean
+(massive activations; special tokens are dropped by the capture anyway).
+Why these choices, measured on this project's 2-core AMD CPU (single thread): torch's `exp` is 2-3x
+slower than `exp2` on ordinary arguments and ~100x slower on the large negative ones far tokens produce
+(denormal or zero results); MKL's fp32 GEMM, which `torch.mm` uses, ran ~2x slower than oneDNN's
+(AVX-512 on every vendor), so on CPU the blocks go through oneDNN (`torch.ops.mkldnn._linear_pointwise`,
+same fp32 math, bit-identical results here) and through `torch.mm` only where oneDNN is absent
+(`_onednn_gemm_available`). Runs on any torch device (`device="cuda"` on a GPU). Cost ~ T^2 (D + 2) / 2
+fp32 multiply-adds per language (T tokens); `benchmarks/softcka.py` compares it with the model's forward
+pass.
+The RFF path costs ~ T D F (one GEMM, F cos/sin per token) plus the shared median heuristic.
 
 Approximate path (random Fourier features, Rahimi & Recht 2007): phi(a) = F'^-1/2 [cos(W a), sin(W a)]
 with columns w_f ~ N(0, sigma^-2 I), F = 2 F' features, so phi(a).phi(b) = mean_f cos(w_f.(a - b)) is an
@@ -91,21 +104,19 @@ def _check_offsets(flat_TD: torch.Tensor, offsets_N1: torch.Tensor) -> None:
 
 
 def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIRS, seed: int = 0) -> float:
-    """Median distance over token pairs of distinct positions (all pairs if few enough, else a seeded sample)."""
+    """Median distance over token pairs of distinct positions (all pairs, or all pairs of a seeded token sample)."""
     T = token_vecs_TD.shape[0]
     if T < 2:
         raise HybridlabError("the median-heuristic bandwidth needs at least 2 tokens in a language")
     x_TD = token_vecs_TD.float()
-    n_all = T * (T - 1) // 2
-    if n_all <= median_pairs:
-        i_P, j_P = torch.triu_indices(T, T, offset=1, device=x_TD.device)
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        i_P = torch.randint(0, T, (median_pairs,), generator=gen)
-        # j = i + shift with shift in [1, T-1] (mod T) gives uniform pairs of distinct positions
-        j_P = (i_P + torch.randint(1, T, (median_pairs,), generator=gen)) % T
-        i_P, j_P = i_P.to(x_TD.device), j_P.to(x_TD.device)
-    dist_P = (x_TD[i_P] - x_TD[j_P]).norm(dim=1)
+    if T * (T - 1) // 2 > median_pairs:
+        # all pairs among a seeded uniform subsample of m tokens, m(m-1)/2 >= median_pairs: one small
+        # exact pdist instead of gathering `median_pairs` random row pairs (~25x faster, same estimator
+        # up to the dependence between pairs that share a token)
+        m = math.ceil((1.0 + math.sqrt(1.0 + 8.0 * median_pairs)) / 2.0)
+        keep_M = torch.randperm(T, generator=torch.Generator().manual_seed(seed))[:m]
+        x_TD = x_TD.index_select(0, keep_M.to(x_TD.device))
+    dist_P = torch.pdist(x_TD)
     sigma = float(dist_P.median())
     if not sigma > 0.0 or not math.isfinite(sigma):
         raise HybridlabError(f"median token distance is {sigma}; the vectors are (mostly) identical or "
@@ -113,20 +124,32 @@ def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIR
     return sigma
 
 
-def _sentence_blocks(offsets_N1: torch.Tensor, block_tokens: int) -> list[tuple[int, int]]:
-    """Greedy [first, last) sentence ranges holding at most `block_tokens` tokens (>= 1 sentence each)."""
-    off = offsets_N1.tolist()
-    blocks, start = [], 0
-    for i in range(1, len(off)):
-        if off[i] - off[start] > block_tokens and i - 1 > start:
-            blocks.append((start, i - 1))
-            start = i - 1
-    blocks.append((start, len(off) - 1))
+PAD_SQ = 1.0e4  # squared norm given to padding slots: their kernel terms are exp2(-1.4e4...) == 0 in fp32
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _padded_blocks(lengths: list[int], block_tokens: int) -> list[list[int]]:
+    """Sentence indices grouped longest-first into blocks whose padded size (count x longest) stays
+    <= `block_tokens` (a longer sentence is its own block); similar lengths share a block, so little padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    blocks: list[list[int]] = []
+    for i in order:
+        if blocks and (len(blocks[-1]) + 1) * lengths[blocks[-1][0]] <= block_tokens:
+            blocks[-1].append(i)
+        else:
+            blocks.append([i])
     return blocks
 
 
+def _onednn_gemm_available(dev: torch.device) -> bool:
+    """Whether the CPU GEMMs of the Gram paths go through oneDNN (AVX-512 kernels on every x86 vendor;
+    MKL's sgemm behind torch.mm measured ~2x slower on this project's AMD CPU). Same fp32 math."""
+    return (dev.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float | None = None,
-                  block_tokens: int = 4096, device: str | torch.device | None = None, *,
+                  block_tokens: int = 1024, device: str | torch.device | None = None, *,
                   median_pairs: int = MEDIAN_PAIRS, seed: int = 0) -> tuple[torch.Tensor, float]:
     """Exact sentence Gram K[i, j] = mean RBF kernel over token pairs; returns (K [N, N] float64 CPU, sigma)."""
     _check_offsets(token_vecs, offsets)
@@ -138,30 +161,53 @@ def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float 
         sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed)
     elif not sigma > 0:
         raise HybridlabError(f"sigma must be > 0, got {sigma}")
-    # Scale so exp(-||a-b||^2 / 2 sigma^2) = exp(-||a'-b'||^2); centring does not change distances.
-    x_TD = (x_TD - x_TD.mean(0, keepdim=True)) * (1.0 / (math.sqrt(2.0) * sigma))
-    sq_T = (x_TD * x_TD).sum(1)
-    offsets = offsets.to(torch.long)
-    lengths_N = (offsets[1:] - offsets[:-1]).to(dev, torch.float32)
-    N = lengths_N.shape[0]
-    seg_T = torch.repeat_interleave(torch.arange(N, device=dev), lengths_N.long())
+    D = x_TD.shape[1]
+    lengths = (offsets[1:] - offsets[:-1]).tolist()
+    N = len(lengths)
+    blocks = _padded_blocks(lengths, block_tokens)
+    # Padded layout: block b holds its sentences as rows of P_b slots (P_b = its longest sentence);
+    # padding slots are zero vectors with squared norm PAD_SQ.
+    widths = [lengths[blk[0]] for blk in blocks]
+    starts = [0]
+    for blk, p in zip(blocks, widths):
+        starts.append(starts[-1] + len(blk) * p)
+    src = torch.cat([torch.arange(int(offsets[i]), int(offsets[i]) + lengths[i])
+                     for blk in blocks for i in blk]).to(dev)
+    slot = torch.cat([torch.arange(lengths[i]) + (starts[b] + r * widths[b])
+                      for b, blk in enumerate(blocks) for r, i in enumerate(blk)]).to(dev)
+    # Centre (distances do not change; limits cancellation below) and scale so the kernel is exp(-||a'-b'||^2).
+    xs_TD = ((x_TD - x_TD.mean(0, keepdim=True)) * (1.0 / (math.sqrt(2.0) * sigma))).index_select(0, src)
+    sq_S = torch.full((starts[-1],), PAD_SQ, device=dev)
+    sq_S[slot] = (xs_TD * xs_TD).sum(1)
+    # Augmented rows l_a = log2(e) [2a, -|a|^2, -1] and r_b = [b, 1, |b|^2]: l_a . r_b = -log2(e) ||a - b||^2,
+    # so ONE GEMM + exp2 gives each kernel block (exp2 is vectorised; torch's exp takes a slow path for
+    # the large negative arguments that far tokens and padding produce).
+    left_SA = torch.zeros(starts[-1], D + 2, device=dev)
+    right_SA = torch.zeros(starts[-1], D + 2, device=dev)
+    left_SA[slot, :D] = (2.0 * LOG2E) * xs_TD
+    right_SA[slot, :D] = xs_TD
+    left_SA[:, D], left_SA[:, D + 1] = -LOG2E * sq_S, -LOG2E
+    right_SA[:, D], right_SA[:, D + 1] = 1.0, sq_S
+    onednn = _onednn_gemm_available(dev)
+    rights = [right_SA[s:e].to_mkldnn() if onednn else right_SA[s:e].T for s, e in zip(starts[:-1], starts[1:])]
+    index = [torch.tensor(blk, device=dev) for blk in blocks]
     sums_NN = torch.empty(N, N, dtype=torch.float32, device=dev)
-    blocks = _sentence_blocks(offsets, block_tokens)
-    for bi, (si0, si1) in enumerate(blocks):
-        ti0, ti1 = int(offsets[si0]), int(offsets[si1])
-        xi, sqi, segi = x_TD[ti0:ti1], sq_T[ti0:ti1], seg_T[ti0:ti1] - si0
-        for sj0, sj1 in blocks[bi:]:
-            tj0, tj1 = int(offsets[sj0]), int(offsets[sj1])
-            # -||a-b||^2 = 2 a.b - |a|^2 - |b|^2, built in place on the matmul output
-            e_ab = torch.mm(xi, x_TD[tj0:tj1].T).mul_(2.0)
-            e_ab.sub_(sqi[:, None]).sub_(sq_T[None, tj0:tj1]).clamp_max_(0.0).exp_()
-            rows_nb = torch.zeros(si1 - si0, tj1 - tj0, device=dev).index_add_(0, segi, e_ab)
-            blk_mn = torch.zeros(sj1 - sj0, si1 - si0, device=dev).index_add_(
-                0, seg_T[tj0:tj1] - sj0, rows_nb.T.contiguous()).T
-            sums_NN[si0:si1, sj0:sj1] = blk_mn
-            sums_NN[sj0:sj1, si0:si1] = blk_mn.T
-    K_NN = sums_NN.double() / (lengths_N.double()[:, None] * lengths_N.double()[None, :])
-    return K_NN.cpu(), float(sigma)
+    for bi in range(len(blocks)):
+        li = left_SA[starts[bi]:starts[bi + 1]]
+        for bj in range(bi, len(blocks)):
+            if onednn:
+                e_ab = torch.ops.mkldnn._linear_pointwise(li, rights[bj], None, "none", [], "")
+            else:
+                e_ab = torch.mm(li, rights[bj])
+            # blocks are sized to stay in cache, so the GEMM output is exponentiated and reduced while hot
+            blk_mn = e_ab.exp2_().view(len(blocks[bi]), widths[bi], len(blocks[bj]), widths[bj]).sum((1, 3))
+            if bi == bj:  # both halves of a diagonal block were computed: keep K exactly symmetric
+                blk_mn = (blk_mn + blk_mn.T) * 0.5
+            sums_NN[index[bi][:, None], index[bj][None, :]] = blk_mn
+            sums_NN[index[bj][:, None], index[bi][None, :]] = blk_mn.T
+    lengths_N = torch.tensor(lengths, dtype=torch.float64)
+    K_NN = sums_NN.double().cpu() / (lengths_N[:, None] * lengths_N[None, :])
+    return K_NN, float(sigma)
 
 
 def _rff_weights(D: int, half: int, seed: int, orthogonal: bool) -> torch.Tensor:
@@ -202,12 +248,24 @@ def rff_sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, n_feature
     lengths_N = (offsets[1:] - offsets[:-1]).to(dev)
     N = lengths_N.shape[0]
     seg_T = torch.repeat_interleave(torch.arange(N, device=dev), lengths_N)
-    phi_NF = torch.zeros(N, n_features, dtype=torch.float32, device=dev)
+    onednn = _onednn_gemm_available(dev)
+    w_FD = w_DF.T.contiguous().to_mkldnn() if onednn else None
+    # cos and sin features are summed per sentence into separate contiguous halves (no concatenated copy)
+    cos_NF = torch.zeros(N, half, dtype=torch.float32, device=dev)
+    sin_NF = torch.zeros(N, half, dtype=torch.float32, device=dev)
     for t0 in range(0, T, chunk_tokens):
-        proj_CF = x_TD[t0:t0 + chunk_tokens] @ w_DF
-        phi_NF.index_add_(0, seg_T[t0:t0 + chunk_tokens], torch.cat([proj_CF.cos(), proj_CF.sin()], dim=1))
-    phi_NF = phi_NF.double() / lengths_N.double()[:, None] / math.sqrt(half)
-    return (phi_NF @ phi_NF.T).cpu(), float(sigma)
+        x_CD = x_TD[t0:t0 + chunk_tokens]
+        if onednn:
+            proj_CF = torch.ops.mkldnn._linear_pointwise(x_CD, w_FD, None, "none", [], "")
+        else:
+            proj_CF = x_CD @ w_DF
+        seg_C = seg_T[t0:t0 + chunk_tokens]
+        cos_NF.index_add_(0, seg_C, proj_CF.cos())
+        sin_NF.index_add_(0, seg_C, proj_CF.sin_())
+    scale_N1 = (1.0 / (lengths_N.to(torch.float32)[:, None] * math.sqrt(half)))
+    phi_NF = torch.cat([cos_NF, sin_NF], dim=1).mul_(scale_N1)
+    # fp32 product (the exact path's block sums are fp32 too); float64 from here on
+    return (phi_NF @ phi_NF.T).double().cpu(), float(sigma)
 
 
 def rff_error_bound(n_sentences: int, n_features: int, delta: float = 0.01) -> float:
@@ -294,7 +352,7 @@ class SoftCkaResult:
 
 
 def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
-             eng_gram: tuple[torch.Tensor, float] | None = None, block_tokens: int = 4096,
+             eng_gram: tuple[torch.Tensor, float] | None = None, block_tokens: int = 1024,
              device: str | torch.device | None = None, n_features: int = 2048, seed: int = 0,
              orthogonal: bool = True, median_pairs: int = MEDIAN_PAIRS) -> SoftCkaResult:
     """SoftCKA between English and language X token sets (same sentence order, any token counts).

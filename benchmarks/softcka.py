@@ -1,0 +1,142 @@
+"""SoftCKA cost vs the model's own forward pass: 1,000 English-X sentence pairs, every layer, tiny teacher.
+
+What is timed (each contender run interleaved, round after round, so background load hits them alike;
+the median over rounds after one warm-up round is reported):
+
+- `forward`: the teacher's plain forward (`model(input_ids, attention_mask)`, logits included, no
+  cache) over the same 2 x N sentences, pre-tokenised, sorted by length and right-padded into batches
+  of `--batch-size`, under `torch.inference_mode()` - the cheapest way to run the model on them;
+- `capture`: `hybridlab.eval.capture.capture_hidden_states` on the same sentences (the forward with
+  every hidden state kept, padding removed, moved to CPU fp32) - what SoftCKA needs first;
+- `softcka_<method>`: given the captured states, SoftCKA (`soft_cka`) of English vs X at every hidden
+  state (L + 1 of them), the English Gram computed once per layer and passed in, for `exact` and `rff`.
+
+The ratio asked for is softcka / forward (the capture is reported too: softcka + capture is the whole
+analysis cost). The last printed line is one JSON object with every time, ratio and the setting.
+
+    python benchmarks/softcka.py [--scale tiny] [--lang fra_Latn] [--n 1000] [--threads 2] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from hybridlab.eval import pairs
+from hybridlab.eval.capture import capture_hidden_states
+from hybridlab.eval.softcka import rff_sentence_gram, sentence_gram, soft_cka
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def padded_batches(ids: list[list[int]], batch_size: int, pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Length-sorted, right-padded (input_ids, attention_mask) batches."""
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    out = []
+    for b0 in range(0, len(order), batch_size):
+        rows = [ids[i] for i in order[b0:b0 + batch_size]]
+        t_max = len(rows[0])
+        input_BT = torch.full((len(rows), t_max), pad_id, dtype=torch.long)
+        mask_BT = torch.zeros(len(rows), t_max, dtype=torch.long)
+        for r, s in enumerate(rows):
+            input_BT[r, :len(s)] = torch.tensor(s)
+            mask_BT[r, :len(s)] = 1
+        out.append((input_BT, mask_BT))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="tiny", help="results/<phase>/<scale> to read the teacher and corpus from")
+    ap.add_argument("--lang", default="fra_Latn", help="the language paired with English")
+    ap.add_argument("--n", type=int, default=1000, help="sentence pairs")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--reps", type=int, default=3, help="timed rounds after one warm-up round")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--block-tokens", type=int, default=1024, help="exact path: padded tokens per Gram block")
+    ap.add_argument("--rff-features", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    res = ROOT / "results"
+    model_dir = res / "models" / args.scale / "teachers" / "teacher"
+    tok_dir = res / "data" / args.scale / "tokenizer"
+    parallel = res / "data" / args.scale / "corpus" / "parallel.parquet"
+    for p in (model_dir, tok_dir, parallel):
+        if not p.exists():
+            raise SystemExit(f"error: {p} is missing; build it first: snakemake models --config scale={args.scale}")
+    model, tok = pairs.load_analysis_model(pairs.AnalysisModel("teacher", str(model_dir), str(tok_dir)))
+    texts = pairs.parallel_sample(pl.read_parquet(parallel), "eng_Latn", [args.lang], args.n, args.seed)
+    eng, x = texts["eng_Latn"], texts[args.lang]
+    ids = tok(eng + x, add_special_tokens=True)["input_ids"]
+    n_tokens = sum(map(len, ids))
+    batches = padded_batches(ids, args.batch_size, tok.pad_token_id or 0)
+    n_layers = model.config.num_hidden_layers
+    print(f"teacher {model_dir} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+          f"{n_layers} layers, D={model.config.hidden_size}); {args.n} pairs eng_Latn-{args.lang}, "
+          f"{n_tokens} tokens; threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}")
+
+    def forward():
+        with torch.inference_mode():
+            for input_BT, mask_BT in batches:
+                model(input_ids=input_BT, attention_mask=mask_BT, use_cache=False)
+
+    captured = {}
+
+    def capture():
+        for name, sents in (("eng", eng), ("x", x)):
+            captured[name] = capture_hidden_states(model, tok, sents, batch_size=args.batch_size,
+                                                   with_attn_delta=False)
+
+    def softcka(method):
+        def run():
+            for layer in range(n_layers + 1):
+                e_flat, e_off = captured["eng"].flat("hidden", layer)
+                if method == "exact":
+                    k = sentence_gram(e_flat, e_off, block_tokens=args.block_tokens, seed=args.seed)
+                else:
+                    k = rff_sentence_gram(e_flat, e_off, args.rff_features, args.seed)
+                soft_cka((), captured["x"].flat("hidden", layer), method=method, eng_gram=k,
+                         block_tokens=args.block_tokens, n_features=args.rff_features, seed=args.seed)
+        return run
+
+    contenders = {"forward": forward, "capture": capture, "softcka_exact": softcka("exact"),
+                  "softcka_rff": softcka("rff")}
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    for rnd in range(args.reps + 1):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            if rnd > 0:
+                times[name].append(time.perf_counter() - t0)
+        if rnd > 0:
+            print(f"round {rnd}: " + "  ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "forward_s": round(med["forward"], 3),
+        "capture_s": round(med["capture"], 3),
+        "softcka_exact_s": round(med["softcka_exact"], 3),
+        "softcka_rff_s": round(med["softcka_rff"], 3),
+        "ratio_exact": round(med["softcka_exact"] / med["forward"], 3),
+        "ratio_rff": round(med["softcka_rff"] / med["forward"], 3),
+        "ratio_exact_vs_capture": round(med["softcka_exact"] / med["capture"], 3),
+        "n_pairs": args.n, "lang": args.lang, "tokens": n_tokens, "hidden_states": n_layers + 1,
+        "threads": torch.get_num_threads(), "rff_features": args.rff_features, "block_tokens": args.block_tokens,
+        "batch_size": args.batch_size, "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    print(f"softcka exact {result['softcka_exact_s']}s = {result['ratio_exact']}x forward "
+          f"({result['forward_s']}s); rff({args.rff_features}) {result['softcka_rff_s']}s = {result['ratio_rff']}x")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""BLD on natural language: the NoPE Attention-Mixer-Mixer-Mixer hybrid, its arms and training glue.
+
+Follows the competing-learning / Better Layer Division study's natural-language setting: a hybrid whose
+layers repeat `pattern` (default full attention, then three recurrent mixers, i.e. KDA:attention 3:1),
+no positional encoding anywhere, pre-trained from scratch on English text, once as a baseline and once
+with the recurrent blocks frozen at the start (BLD); the same with GDN and GLA in place of KDA, and at
+several sizes for a scaling curve.
+
+Definitions (this project's):
+
+- **Model.** A SmolLM3 decoder (the Llama architecture: RMSNorm, SwiGLU, GQA attention, no q/k norm)
+  with `no_rope_layers = [0] * L`: SmolLM3 applies rotary embeddings only in layers flagged 1, so every
+  attention layer gets none (exactly the identity rotation cos=1, sin=0). The flag lives in
+  `config.json`, so every loader (`load_hybrid`, `load_causal_lm`, lm-eval's HFLM) rebuilds a NoPE model;
+  outputs do not depend on `position_ids` (tested). Layer i is full attention iff
+  `pattern[i % len(pattern)] == "full_attention"`; `num_hidden_layers` must be a multiple of the
+  pattern length. The other layers' attention is replaced by the mixer with `convert_to_hybrid`
+  (they keep the q/k/v/o of the random attention init, as in the Spaced Retrieval study), so the
+  model is a regular hybrid (`save_hybrid` / `load_hybrid`). Initialisation is seeded and identical
+  for the baseline and BLD arms of one (mixer, size).
+- **Arms.** For each size and mixer: `baseline` and `bld`. Names: `<mixer>-<variant>` with one size,
+  `<mixer>-<size>-<variant>` with several.
+- **Schedule.** Both arms train the same N updates with the same data order and lr schedule. The
+  freeze phase is `freeze_fraction` of the unfrozen phase, F / (N - F) = freeze_fraction, i.e. the BLD
+  arm freezes the recurrent layers on updates [0, F) with F = round_half_up(N * f / (1 + f))
+  (`hybridlab.train.bld.windows_to_steps`). Scope `block` freezes whole recurrent decoder layers
+  (mixer, norms, MLP), `mixer` only the token mixer. Both arms use AdamW on [0, F) and
+  `optimizer_after_unfreeze` (Muon for hidden matrices + AdamW for the rest, `hybridlab.train.optim`)
+  from update F on, so the only difference between the arms is the freeze.
+- **Length.** `steps`, or `tokens_per_param` (the paper's ~20 tokens per parameter): N =
+  ceil(tokens_per_param * parameters / (micro_batch_size * grad_accum * context_len)), parameters
+  counted once (tied embeddings once).
+- **Context.** `context_len` is a multiple k of the packed mixture's `seq_len`; a training sequence is
+  k consecutive packed rows. Train rows are shuffled at packing time, so joined rows are unrelated
+  stretches of text separated by a cut (like packing random documents); val rows are stored in
+  document order, so joined val rows are contiguous text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+
+FULL_ATTENTION = "full_attention"
+MIXER = "mixer"
+VARIANTS = ("baseline", "bld")
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size")
+# Optional in a size: the mixers' chunk length (speed only; the chunked ops' outputs do not depend on it).
+CHUNK_KEY = "mixer_chunk_size"
+
+
+@dataclass(frozen=True)
+class NLArm:
+    """One training run: a mixer kind, a size name and a variant (baseline or bld)."""
+
+    name: str
+    mixer: str
+    size: str
+    variant: str
+
+
+def nl_arms(mixers: Sequence[str], sizes: Sequence[str]) -> list[NLArm]:
+    """Every arm of the study, sizes outermost; the size is in the name only when there are several."""
+    if not mixers or not sizes:
+        raise HybridlabError("bld_nl needs at least one mixer (experiments.bld_nl.mixers) and one size "
+                             "(train.bld_nl.sizes)")
+    multi = len(sizes) > 1
+    return [NLArm(f"{m}-{s}-{v}" if multi else f"{m}-{v}", m, s, v) for s in sizes for m in mixers for v in VARIANTS]
+
+
+def layer_kinds(pattern: Sequence[str], num_layers: int) -> list[str]:
+    """`pattern` repeated over `num_layers` layers ("full_attention" / "mixer" per layer)."""
+    bad = sorted(set(pattern) - {FULL_ATTENTION, MIXER})
+    if not pattern or bad:
+        raise HybridlabError(f"bld_nl pattern {list(pattern)} must be a non-empty list of "
+                             f"'{FULL_ATTENTION}' and '{MIXER}'")
+    if num_layers % len(pattern):
+        raise HybridlabError(f"num_hidden_layers={num_layers} is not a multiple of the pattern length "
+                             f"{len(pattern)}; choose a layer count that repeats the pattern whole")
+    kinds = [pattern[i % len(pattern)] for i in range(num_layers)]
+    if FULL_ATTENTION not in kinds or MIXER not in kinds:
+        raise HybridlabError(f"bld_nl pattern {list(pattern)} needs at least one '{FULL_ATTENTION}' and one "
+                             f"'{MIXER}' layer for a hybrid")
+    return kinds
+
+
+def check_study(experiment: dict, run: dict) -> None:
+    """Config checks the JSON schema cannot express (called when the DAG is built)."""
+    for name, shape in run["sizes"].items():
+        where = f"train.bld_nl.sizes.{name}"
+        if shape["num_attention_heads"] % shape["num_key_value_heads"]:
+            raise HybridlabError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
+        try:
+            layer_kinds(experiment["pattern"], shape["num_hidden_layers"])
+        except HybridlabError as exc:
+            raise HybridlabError(f"{where}: {exc}") from None
+    if ("steps" in run) == ("tokens_per_param" in run):
+        raise HybridlabError("train.bld_nl: set exactly one of steps and tokens_per_param")
+
+
+def nope_config(shape: dict, *, vocab_size: int, context_len: int, eos_id: int):
+    """SmolLM3Config with rotary embeddings disabled in every layer (see the module docstring)."""
+    from transformers import SmolLM3Config
+
+    missing = sorted(set(SHAPE_KEYS) - set(shape))
+    extra = sorted(set(shape) - set(SHAPE_KEYS))
+    if missing or extra:
+        raise HybridlabError(f"bld_nl model shape: missing {missing}, unknown {extra}; give exactly {list(SHAPE_KEYS)}")
+    n = shape["num_hidden_layers"]
+    return SmolLM3Config(vocab_size=vocab_size, max_position_embeddings=context_len, tie_word_embeddings=True,
+                         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+                         no_rope_layers=[0] * n, use_sliding_window=False, **shape)
+
+
+def is_nope(model: nn.Module) -> bool:
+    """True iff no layer of a SmolLM3-style model applies rotary embeddings."""
+    flags = getattr(model.config, "no_rope_layers", None)
+    return flags is not None and not any(flags)
+
+
+def build_nope_hybrid(shape: dict, *, pattern: Sequence[str], mixer: str, vocab_size: int, context_len: int,
+                      eos_id: int, seed: int) -> nn.Module:
+    """The seeded NoPE hybrid of one (size, mixer); identical for the baseline and BLD arms."""
+    from transformers import SmolLM3ForCausalLM
+
+    from hybridlab.models.convert import convert_to_hybrid
+
+    shape = dict(shape)
+    overrides = {"chunk_size": shape.pop(CHUNK_KEY)} if CHUNK_KEY in shape else None
+    config = nope_config(shape, vocab_size=vocab_size, context_len=context_len, eos_id=eos_id)
+    kinds = layer_kinds(pattern, config.num_hidden_layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dense = SmolLM3ForCausalLM(config)
+    fa = [i for i, k in enumerate(kinds) if k == FULL_ATTENTION]
+    model = convert_to_hybrid(dense, fa, mixer, mixer_overrides=overrides, seed=seed, inplace=True)
+    model.hybridlab_spec.extra = {"study": "bld_nl", "pattern": list(pattern), "nope": True}
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Parameters counted once (tied embedding / LM head once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def total_steps(run: dict, n_params: int) -> int:
+    """N from `steps`, or from `tokens_per_param` (see the module docstring)."""
+    if ("steps" in run) == ("tokens_per_param" in run):
+        raise HybridlabError("train.bld_nl: set exactly one of steps and tokens_per_param")
+    if "steps" in run:
+        return int(run["steps"])
+    per_step = run["micro_batch_size"] * run.get("grad_accum", 1) * run["context_len"]
+    return max(1, math.ceil(run["tokens_per_param"] * n_params / per_step))
+
+
+def freeze_window(freeze_fraction: float) -> tuple[float, float]:
+    """BLD's frozen start as a fraction of all updates: F / N = f / (1 + f) so that F / (N - F) = f."""
+    if not 0 < freeze_fraction < 1:
+        raise HybridlabError(f"freeze_fraction={freeze_fraction} must be in (0, 1) (frozen / unfrozen updates)")
+    return (0.0, freeze_fraction / (1.0 + freeze_fraction))
+
+
+def plan_arm(model: nn.Module, arm: NLArm, steps: int, *, freeze_fraction: float, scope: str,
+             optimizer_after_unfreeze: str):
+    """The `BLDPlan` of one arm: BLD freezes [0, F); both arms switch optimiser at F."""
+    from hybridlab.train.bld import FreezeArm, plan_bld, windows_to_steps
+
+    if arm.variant not in VARIANTS:
+        raise HybridlabError(f"bld_nl arm {arm.name!r} has variant {arm.variant!r}; use one of {VARIANTS}")
+    window = freeze_window(freeze_fraction)
+    switch = windows_to_steps([window], steps)[0][1]
+    if switch >= steps:
+        raise HybridlabError(f"bld_nl: the freeze phase ({switch} updates) leaves nothing of the {steps} updates "
+                             "unfrozen; train longer or lower freeze_fraction")
+    windows = (window,) if arm.variant == "bld" else ()
+    recipe = FreezeArm(arm.name, windows, scope, optimizer_after_unfreeze)
+    return plan_bld(model, recipe, steps, switch_step=switch)
+
+
+def train_config_dict(run: dict, *, out_dir: str, seed: int, steps: int, plan) -> dict:
+    """`TrainConfig` fields of one arm (warmup as a fraction of N; the optimiser switch from the plan)."""
+    warmup = int(round(run.get("warmup_fraction", 0.0) * steps))
+    cfg = {"out_dir": out_dir, "seed": seed, "steps": steps, "micro_batch_size": run["micro_batch_size"],
+           "grad_accum": run.get("grad_accum", 1), "lr": run["lr"], "warmup_steps": min(warmup, steps),
+           "weight_decay": run.get("weight_decay", 0.1), "optimizer": "adamw",
+           "eval_every": run.get("eval_every"), "ckpt_every": run.get("ckpt_every"), "log_every": 10}
+    cfg.update(plan.train_config_overrides())
+    return cfg
+
+
+class JoinedRows(torch.utils.data.Dataset):
+    """Sequences of `k` consecutive rows of a packed split (`hybridlab.data.packing.PackedDataset`)."""
+
+    def __init__(self, rows: Any, k: int):
+        if k < 1:
+            raise HybridlabError(f"rows per sequence must be >= 1, got {k}")
+        if len(rows) < k:
+            raise HybridlabError(f"the split has {len(rows)} packed rows, fewer than the {k} one sequence needs; "
+                                 "lower context_len or pack more text")
+        self.rows, self.k = rows, k
+        self.langs = [rows.langs[i * k] for i in range(len(rows) // k)]
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.k
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.cat([self.rows[i * self.k + j] for j in range(self.k)])
+
+
+def rows_per_sequence(context_len: int, seq_len: int) -> int:
+    if context_len % seq_len:
+        raise HybridlabError(f"train.bld_nl.context_len={context_len} must be a multiple of the packed mixture's "
+                             f"seq_len={seq_len} (sequences are joined packed rows)")
+    return context_len // seq_len
+
+
+def val_stream(mixture_dir: str) -> np.ndarray:
+    """The English val rows of a packed mixture concatenated: contiguous text in document order."""
+    from hybridlab.data.packing import PackedDataset
+
+    val = PackedDataset(mixture_dir, "val")
+    return np.concatenate([np.asarray(val.tokens[r], dtype=np.int64) for r in val.rows])
+
+
+def documents_from_stream(stream: np.ndarray, eos_id: int) -> list[np.ndarray]:
+    """Split a token stream at EOS (packing writes `doc EOS doc EOS ...`); empty pieces dropped."""
+    cuts = np.flatnonzero(stream == eos_id)
+    pieces = np.split(stream, cuts)
+    docs = [p[1:] if len(p) and p[0] == eos_id else p for p in pieces]
+    return [d for d in docs if len(d)]
+
+
+def long_document_windows(docs: Sequence[np.ndarray], doc_len: int, n: int) -> torch.Tensor:
+    """Up to `n` windows [n, doc_len], each inside one document, taken at document offsets 0, doc_len, ...
+    (all first windows, then all second windows, ...), so every window's position 0 starts real text."""
+    per_doc = [[d[o:o + doc_len] for o in range(0, len(d) - doc_len + 1, doc_len)] for d in docs]
+    out: list[np.ndarray] = []
+    depth = 0
+    while len(out) < n and any(depth < len(w) for w in per_doc):
+        out += [w[depth] for w in per_doc if depth < len(w)][: n - len(out)]
+        depth += 1
+    if not out:
+        longest = max((len(d) for d in docs), default=0)
+        raise HybridlabError(f"no held-out document has {doc_len} tokens (longest: {longest}); lower doc_len or "
+                             "cut windows from the stream (position_loss.windows: stream)")
+    return torch.from_numpy(np.stack(out).astype(np.int64))
+
+
+def stream_windows(stream: np.ndarray, doc_len: int, n: int) -> torch.Tensor:
+    """Up to `n` consecutive non-overlapping windows [n, doc_len] of a token stream (documents joined by EOS),
+    for corpora whose documents are shorter than `doc_len`."""
+    k = min(n, len(stream) // doc_len)
+    if k < 1:
+        raise HybridlabError(f"the held-out stream has {len(stream)} tokens, fewer than one {doc_len}-token window; "
+                             "lower doc_len")
+    return torch.from_numpy(np.asarray(stream[: k * doc_len], dtype=np.int64).reshape(k, doc_len))

@@ -1,0 +1,393 @@
+"""Two-stage distillation of a dense teacher into its converted hybrid (RADLADS / HALO style).
+
+Definitions (the tasks plug into the shared loop, `hybridlab.train.loop.train`):
+
+- **Stage 1, attention alignment** (`Stage1Task`): for every mixer layer i of the student (the layers
+  whose `self_attn` is a `MixerAttention`), the loss is `losses.stage1_alignment_loss` (token-mean
+  squared L2 distance, averaged over layers) between the student mixer's output and the frozen
+  teacher's `self_attn` output of layer i on the same input ids. Both outputs are read after `o_proj`
+  (what the layer adds to the residual stream before any residual multiplier). Only the mixers'
+  parameters train (`freeze_all_but_mixers`). What the student mixer sees (`inputs`):
+  * `"teacher"` (default, RADLADS step 1 / HALO): the teacher's own `self_attn` input of layer i
+    (its post-norm hidden state), so every layer learns to imitate its attention in isolation and
+    the student's decoder stack never runs - only its mixers do;
+  * `"student"`: the student's full forward on the same ids, outputs captured by hooks on its
+    `MixerAttention` wrappers; earlier mixers' errors then reach later layers' inputs (end to end).
+  Teacher inputs/outputs come from forward hooks on the teacher's `self_attn` modules
+  (`AttentionCapture`); the teacher runs under `no_grad` in eval mode.
+- **Stage 2, logit distillation** (`Stage2Task`): the whole student trains on the token-mean forward
+  KL(p_teacher || p_student) of the next-token distributions at every position of the packed rows,
+  `losses.kl_forward_chunked`. Neither model materialises its `[B, T, V]` logits: both run their
+  decoder stack only (`model.get_decoder()`), and the logits enter the loss as
+  `Projected(final hidden, lm_head weight, lm_head bias, scale)` (`lm_head_side`), computed chunk by
+  chunk. `scale = 1 / config.logits_scaling` for Granite-style heads (transformers divides Granite's
+  logits by it); tied embeddings need nothing special (the head's weight *is* the embedding matrix,
+  so the gradient reaches it through the head). Heads that transform logits further (final logit
+  soft-capping) are refused rather than silently distilled wrongly.
+- **Learning curves** (`heldout_curve_metrics`): held-out CE and KL(teacher || student) on a fixed
+  set of validation rows, the first `rows_per_language` rows of each language (`heldout_rows`, the
+  same selection as `tasks.heldout_ce_by_language`), computed with `eval.perplexity.evaluate_perplexity`
+  (scored positions predict x_t from x_<t, t = 1..T-1). Keys: `ce`, `kl` (pooled over all tokens) and
+  `ce/<lang>`, `kl/<lang>`; stage 1 adds the held-out alignment loss `align`.
+- `eval_interval_steps(tokens, ...)`: a token interval as a whole number of updates (rounded, >= 1),
+  so arms with the same batch shape are evaluated at identical token counts.
+- Tables over finished runs: `with_overall` adds a lang="all" row (pooled over tokens) to an
+  `evaluate_perplexity` table; `tokens_to_baseline` applies `eval.perplexity.tokens_to_reach` /
+  `fraction_of_baseline_tokens` to the stage-2 held-out curves of every placement, with the baseline
+  placement's final value as the target (the faster-learning placement needs a fraction < 1).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from hybridlab.errors import HybridlabError
+from hybridlab.models.convert import MixerAttention, hybrid_spec
+from hybridlab.train.losses import Projected, kl_forward_chunked, stage1_alignment_loss
+
+STAGE1_INPUTS = ("teacher", "student")
+MODEL_JSON = ("config.json", "hybrid.json")  # the files besides weights that define a model
+# Parameters that live inside a converted layer's MixerAttention wrapper ("model.layers.3.self_attn.mixer.*").
+MIXER_PARAM_MARK = ".self_attn.mixer."
+
+
+# ---- model plumbing ------------------------------------------------------------------------------
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise HybridlabError(f"{type(model).__name__} has no decoder layer list (get_decoder().layers); "
+                             "distil a transformers causal LM")
+    return layers
+
+
+def mixer_wrappers(student: nn.Module) -> dict[int, MixerAttention]:
+    """Layer index -> MixerAttention of every converted layer of a hybrid."""
+    spec = hybrid_spec(student)
+    layers = decoder_layers(student)
+    wrappers = {i: layers[i].self_attn for i in spec.mixer_layers}
+    bad = [i for i, w in wrappers.items() if not isinstance(w, MixerAttention)]
+    if bad or not wrappers:
+        raise HybridlabError(f"student layers {bad or spec.mixer_layers} hold no MixerAttention; load the student "
+                             "with hybridlab.models.io.load_hybrid")
+    return wrappers
+
+
+def freeze_all_but_mixers(student: nn.Module) -> list[str]:
+    """requires_grad only for the parameters inside the MixerAttention wrappers; returns their names."""
+    mixer_wrappers(student)  # a clear error for a non-hybrid
+    names = []
+    for name, p in student.named_parameters():
+        keep = MIXER_PARAM_MARK in f".{name}"
+        p.requires_grad_(keep)
+        if keep:
+            names.append(name)
+    return names
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """The frozen teacher: no parameter requires grad, eval mode (no dropout)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def lm_head_side(model: nn.Module, hidden_BTD: torch.Tensor) -> Projected:
+    """The model's logits for final hidden states, as a `Projected` (see module docstring)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "final_logit_softcapping", None):
+        raise HybridlabError(f"{type(model).__name__} soft-caps its logits (final_logit_softcapping), which the "
+                             "chunked KL does not model; distil a model without logit soft-capping")
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise HybridlabError(f"{type(model).__name__}'s output head is {type(head).__name__}, not a Linear; "
+                             "the chunked KL needs a linear vocabulary projection")
+    scaling = getattr(config, "logits_scaling", None)
+    return Projected(hidden_BTD, head.weight, head.bias, 1.0 / scaling if scaling else 1.0)
+
+
+def final_hidden(model: nn.Module, input_ids_BT: torch.Tensor) -> torch.Tensor:
+    """Final (post-norm) hidden states from the decoder stack alone; the head is never applied."""
+    return model.get_decoder()(input_ids=input_ids_BT, use_cache=False).last_hidden_state
+
+
+class AttentionCapture:
+    """Forward hooks on `layers[i].self_attn` storing each layer's input hidden states and output.
+
+    Works for attention modules and MixerAttention wrappers alike (both are called with
+    `hidden_states=` and return `(y_BTD, ...)`). `inputs[i]` / `outputs[i]` hold the last forward's
+    tensors; call `remove()` when done.
+    """
+
+    def __init__(self, model: nn.Module, layers: Sequence[int], keep_inputs: bool = True):
+        mods = decoder_layers(model)
+        bad = [i for i in layers if not 0 <= i < len(mods)]
+        if bad:
+            raise HybridlabError(f"layers {bad} are out of range for a {len(mods)}-layer model")
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = [mods[i].self_attn.register_forward_hook(self._hook(i, keep_inputs), with_kwargs=True)
+                        for i in layers]
+
+    def _hook(self, i: int, keep_inputs: bool):
+        def hook(module, args, kwargs, output):
+            if keep_inputs:
+                self.inputs[i] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            self.outputs[i] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def clear(self) -> None:
+        self.inputs.clear()
+        self.outputs.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.clear()
+
+
+def _to_device(model: nn.Module, device: torch.device) -> None:
+    if next(model.parameters()).device != device:
+        model.to(device)
+
+
+# ---- stage 1 ---------------------------------------------------------------------------------------
+class Stage1Task:
+    """Align every student mixer's output with the teacher attention output of its layer (see docstring).
+
+    The loss's extra scalars are the per-layer alignment losses `align/<layer>`.
+    """
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, inputs: str = "teacher"):
+        if inputs not in STAGE1_INPUTS:
+            raise HybridlabError(f"stage-1 inputs {inputs!r} unknown; use one of {', '.join(STAGE1_INPUTS)}")
+        self.teacher = freeze(teacher)
+        self.layers = sorted(mixer_wrappers(student))
+        if len(decoder_layers(teacher)) != hybrid_spec(student).num_layers:
+            raise HybridlabError(f"teacher has {len(decoder_layers(teacher))} layers, the student "
+                                 f"{hybrid_spec(student).num_layers}; distil a student converted from this teacher")
+        self.inputs = inputs
+        self._teacher_cap = AttentionCapture(teacher, self.layers, keep_inputs=inputs == "teacher")
+        self._student_cap = AttentionCapture(student, self.layers, keep_inputs=False) if inputs == "student" else None
+
+    def layer_outputs(self, model: nn.Module, batch_BT: torch.Tensor):
+        """(student outputs, teacher outputs) per mixer layer for one batch of input ids."""
+        _to_device(self.teacher, batch_BT.device)
+        self._teacher_cap.clear()
+        with torch.no_grad():
+            final_hidden(self.teacher, batch_BT)
+        t_out = dict(self._teacher_cap.outputs)
+        if self.inputs == "teacher":
+            wrappers = mixer_wrappers(model)
+            s_out = {i: wrappers[i](self._teacher_cap.inputs[i])[0] for i in self.layers}
+        else:
+            self._student_cap.clear()
+            final_hidden(model, batch_BT)
+            s_out = dict(self._student_cap.outputs)
+        self._teacher_cap.clear()
+        return s_out, t_out
+
+    def loss(self, model: nn.Module, batch_BT: torch.Tensor):
+        s_out, t_out = self.layer_outputs(model, batch_BT)
+        loss = stage1_alignment_loss(s_out, t_out)
+        with torch.no_grad():
+            per_layer = {f"align/{i}": stage1_alignment_loss({i: s_out[i]}, {i: t_out[i]}) for i in self.layers}
+        return loss, per_layer
+
+    def num_tokens(self, batch_BT: torch.Tensor) -> int:
+        return int(batch_BT.numel())
+
+    @torch.no_grad()
+    def heldout_alignment(self, model: nn.Module, input_ids_NT: torch.Tensor, batch_size: int) -> float:
+        """Alignment loss over held-out rows (all rows have T tokens, so batch losses weigh by rows)."""
+        device = next(model.parameters()).device
+        total, n = 0.0, 0
+        for b0 in range(0, input_ids_NT.shape[0], batch_size):
+            ids = input_ids_NT[b0:b0 + batch_size].to(device)
+            s_out, t_out = self.layer_outputs(model, ids)
+            total += float(stage1_alignment_loss(s_out, t_out)) * ids.shape[0]
+            n += ids.shape[0]
+        return total / n
+
+    def clear(self) -> None:
+        """Drop captured tensors (e.g. after an evaluation forward the hooks also saw)."""
+        self._teacher_cap.clear()
+        if self._student_cap is not None:
+            self._student_cap.clear()
+
+    def close(self) -> None:
+        self._teacher_cap.remove()
+        if self._student_cap is not None:
+            self._student_cap.remove()
+
+
+# ---- stage 2 ---------------------------------------------------------------------------------------
+class Stage2Task:
+    """Forward KL(teacher || student) of the next-token distributions at every position, chunked."""
+
+    def __init__(self, teacher: nn.Module, chunk_tokens: int = 1024, vocab_chunk: int | None = None):
+        self.teacher = freeze(teacher)
+        self.chunk_tokens, self.vocab_chunk = chunk_tokens, vocab_chunk
+
+    def loss(self, model: nn.Module, batch_BT: torch.Tensor):
+        _to_device(self.teacher, batch_BT.device)
+        with torch.no_grad():
+            teacher_side = lm_head_side(self.teacher, final_hidden(self.teacher, batch_BT))
+        student_side = lm_head_side(model, final_hidden(model, batch_BT))
+        kl = kl_forward_chunked(teacher_side, student_side, chunk_tokens=self.chunk_tokens,
+                                vocab_chunk=self.vocab_chunk)
+        return kl, {}
+
+    def num_tokens(self, batch_BT: torch.Tensor) -> int:
+        return int(batch_BT.numel())
+
+
+# ---- held-out curves -------------------------------------------------------------------------------
+def heldout_rows(dataset, rows_per_language: int | None) -> tuple[torch.Tensor, list[str]]:
+    """The first `rows_per_language` rows of each language (all rows if None) as ([N, T], langs)."""
+    if rows_per_language is not None and rows_per_language < 1:
+        raise HybridlabError(f"rows_per_language={rows_per_language} must be >= 1 (or null for all rows)")
+    taken: dict[str, int] = defaultdict(int)
+    idx, langs = [], []
+    for i, lang in enumerate(dataset.langs):
+        if rows_per_language is None or taken[lang] < rows_per_language:
+            taken[lang] += 1
+            idx.append(i)
+            langs.append(lang)
+    if not idx:
+        raise HybridlabError("the held-out split has no rows; rebuild the mixture with val_fraction > 0")
+    return torch.stack([dataset[i] for i in idx]), langs
+
+
+def pooled(frame, column: str) -> float:
+    """Token-weighted mean of a per-language column of an `evaluate_perplexity` table."""
+    n = frame["n_tokens"].cast(float)
+    return float((frame[column] * n).sum() / n.sum())
+
+
+def heldout_curve_metrics(student: nn.Module, teacher: nn.Module, input_ids_NT: torch.Tensor,
+                          langs: Sequence[str], batch_size: int = 8) -> dict[str, float]:
+    """{"ce", "kl", "ce/<lang>", "kl/<lang>"} of the student on held-out rows (see module docstring)."""
+    from hybridlab.eval.perplexity import evaluate_perplexity
+
+    device = next(student.parameters()).device
+    _to_device(teacher, device)
+    table = evaluate_perplexity(student, input_ids_NT, list(langs), model_name="student", teacher=teacher,
+                                batch_size=batch_size, device=device)
+    out = {"ce": pooled(table, "ce"), "kl": pooled(table, "kl")}
+    for row in table.iter_rows(named=True):
+        out[f"ce/{row['lang']}"] = row["ce"]
+        out[f"kl/{row['lang']}"] = row["kl"]
+    return out
+
+
+def eval_interval_steps(interval_tokens: int, micro_batch_size: int, grad_accum: int, seq_len: int) -> int:
+    """Updates between evaluations for a token interval: round(tokens / tokens per update), at least 1."""
+    if interval_tokens < 1:
+        raise HybridlabError(f"eval interval of {interval_tokens} tokens must be >= 1")
+    return max(1, round(interval_tokens / (micro_batch_size * grad_accum * seq_len)))
+
+
+def grad_norm_groups() -> dict:
+    """Per-group gradient norms logged by the loop: converted mixers, kept attention, everything else."""
+    return {
+        "mixer": lambda n: MIXER_PARAM_MARK in f".{n}",
+        "attention": lambda n: ".self_attn." in f".{n}" and MIXER_PARAM_MARK not in f".{n}",
+        "other": lambda n: ".self_attn." not in f".{n}",
+    }
+
+
+# ---- run identity ----------------------------------------------------------------------------------
+def run_fingerprint(settings: dict, *model_paths) -> str:
+    """Hash of a stage's settings and its input models' files (weights, configs, hybrid spec).
+
+    A run directory whose checkpoints carry another fingerprint was trained from other inputs or settings
+    (e.g. Snakemake reruns stage 2 after stage 1 changed); resuming it would silently continue the wrong run.
+    A model given as a hub id (not a directory) contributes its name.
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for model in model_paths:
+        path = Path(model)
+        files = sorted(f for f in path.iterdir() if f.suffix == ".safetensors" or f.name in MODEL_JSON) \
+            if path.is_dir() else []
+        h.update(str(model if not files else len(files)).encode())
+        for f in files:
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 24), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+# ---- tables over finished runs ---------------------------------------------------------------------
+ALL_LANGS = "all"
+
+
+def with_overall(table):
+    """An `evaluate_perplexity` table plus a lang="all" row pooled over every token (kl stays null if null)."""
+    import math
+
+    import polars as pl
+
+    ce = pooled(table, "ce")
+    kl = None if table["kl"].null_count() else pooled(table, "kl")
+    row = {"model": table["model"][0], "lang": ALL_LANGS, "n_tokens": int(table["n_tokens"].sum()), "ce": ce,
+           "ppl": math.exp(ce), "kl": kl}
+    return pl.concat([table, pl.DataFrame([row], schema=table.schema)])
+
+
+def curve(metrics, column: str) -> tuple[list[float], list[float]]:
+    """(tokens, value) of one logged eval column of a metrics.parquet, in step order, evaluated rows only."""
+    if column not in metrics.columns:
+        raise HybridlabError(f"metrics have no column {column!r}; rerun the distillation stage that logs it")
+    import polars as pl
+
+    pts = metrics.filter(pl.col(column).is_not_null()).sort("step")
+    return pts["tokens"].cast(float).to_list(), pts[column].to_list()
+
+
+def tokens_to_baseline(curves_by_placement: dict, baseline: str, metrics: Sequence[str] = ("ce", "kl")):
+    """Tokens each placement needs to reach the baseline placement's final held-out value (see eval.perplexity).
+
+    `curves_by_placement` maps placement -> stage-2 metrics frame. One row per placement x metric x lang
+    ("all" = the pooled curve): target (the baseline's final value), tokens (first interpolated crossing,
+    null if never), baseline_tokens, fraction = tokens / baseline_tokens (null if never reached, or if the
+    baseline is already there at its first point, where the ratio is undefined) and the arm's final value.
+    """
+    import polars as pl
+
+    from hybridlab.eval.perplexity import fraction_of_baseline_tokens, tokens_to_reach
+
+    if baseline not in curves_by_placement:
+        raise HybridlabError(f"baseline placement {baseline!r} has no run (have {sorted(curves_by_placement)}); "
+                             "add it to experiments.distill.placements")
+    base_cols = curves_by_placement[baseline].columns
+    rows = []
+    for metric in metrics:
+        langs = [ALL_LANGS] + sorted(c.removeprefix(f"eval/{metric}/") for c in base_cols
+                                     if c.startswith(f"eval/{metric}/"))
+        for lang in langs:
+            column = f"eval/{metric}" if lang == ALL_LANGS else f"eval/{metric}/{lang}"
+            b_tok, b_val = curve(curves_by_placement[baseline], column)
+            target = float(b_val[-1])
+            b_reach = tokens_to_reach(b_tok, b_val, target)
+            for placement in sorted(curves_by_placement):
+                tok, val = curve(curves_by_placement[placement], column)
+                reach = tokens_to_reach(tok, val, target)
+                fraction = (fraction_of_baseline_tokens(tok, val, b_tok, b_val, target)
+                            if reach is not None and b_reach > 0 else None)
+                rows.append({"placement": placement, "metric": metric, "lang": lang, "target": target,
+                             "tokens": reach, "baseline_tokens": b_reach, "fraction": fraction,
+                             "final": float(val[-1])})
+    schema = {"placement": pl.String, "metric": pl.String, "lang": pl.String, "target": pl.Float64,
+              "tokens": pl.Float64, "baseline_tokens": pl.Float64, "fraction": pl.Float64, "final": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)

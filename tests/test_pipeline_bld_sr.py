@@ -1,0 +1,123 @@
+"""BLD on Spaced Retrieval and the retrieval-score table end to end through Snakemake at `smoke`."""
+
+import json
+
+import polars as pl
+import pytest
+import torch
+import yaml
+from conftest import build, run_snakemake
+
+from hybridlab.config import resolve
+from hybridlab.train.bld import windows_to_steps
+from hybridlab.train.spaced_retrieval import score_steps
+
+
+@pytest.mark.slow
+def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
+    work = smoke_workdir
+    raw = yaml.safe_load((work / "config.yaml").read_text())
+    raw["scale"] = "smoke"
+    C = resolve(raw)
+    exp, run = C["experiments"]["bld_sr"], C["train"]["bld_sr"]
+    build(work, "results/eval/smoke/retrieval_score.parquet")
+
+    root = work / "results/train/smoke/bld_sr"
+    arms = sorted(p.name for p in root.iterdir() if p.is_dir())
+    expected = (["baseline"] + [f"freeze0-{s:g}" for s in exp["freeze_until"]]
+                + [f"window{s:g}+{w:g}" for s, w in exp["freeze_windows"]]
+                + [f"longgap{f:g}" for f in exp["long_gap_fractions"]])
+    assert arms == sorted(expected)
+    steps = run["steps"]
+    ckpt_steps = score_steps(exp["score_fractions"], steps)
+    for arm in arms:
+        d = root / arm
+        for f in ("config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"):
+            assert (d / f).is_file(), f"{arm}: {f} missing"
+        spec = json.loads((d / "hybrid.json").read_text())
+        assert spec["layer_types"] == ["kda", "full_attention", "kda", "full_attention"]
+        index = json.loads((d / "score_checkpoints/index.json").read_text())
+        assert [c["step"] for c in index["checkpoints"]] == ckpt_steps
+        assert all((d / c["path"] / "model.safetensors").is_file() for c in index["checkpoints"])
+        m = pl.read_parquet(d / "metrics.parquet")
+        assert m["step"].to_list() == list(range(1, steps + 1))  # logged every update
+        for col in ("acc/gap8", "acc/gap32", "grad_norm/kda", "grad_norm/full_attention",
+                    "grad_norm/layer0/kda", "grad_norm/layer3/full_attention", "eval/acc/gap8"):
+            assert col in m.columns, f"{arm}: {col}"
+        summary = json.loads((d / "summary.json").read_text())
+        assert set(summary["test"]) == {"acc/gap8", "acc/gap32", "seq_acc/gap8", "seq_acc/gap32"}
+
+    # Freezing: the recurrent blocks get no gradient exactly during the window, attention always does.
+    windows = {f"freeze0-{s:g}": (0, s) for s in exp["freeze_until"]}
+    windows.update({f"window{s:g}+{w:g}": (s, s + w) for s, w in exp["freeze_windows"]})
+    for arm, window in windows.items():
+        [(start, end)] = windows_to_steps([window], steps)
+        m = pl.read_parquet(root / arm / "metrics.parquet")
+        kda = m["grad_norm/kda"].to_list()
+        frozen = [i for i, v in enumerate(kda) if v == 0.0]  # update index = step - 1
+        assert frozen == list(range(start, end)), (arm, kda)
+        assert min(m["grad_norm/full_attention"].to_list()) > 0
+    assert min(pl.read_parquet(root / "baseline" / "metrics.parquet")["grad_norm/kda"].to_list()) > 0
+
+    # Long-gap sweep: the trained mix follows the arm's fraction (sampled without replacement from it).
+    for f in exp["long_gap_fractions"]:
+        m = pl.read_parquet(root / f"longgap{f:g}" / "metrics.parquet")
+        share = m["sr/seqs/gap32"].sum() / (m["sr/seqs/gap32"].sum() + m["sr/seqs/gap8"].sum())
+        assert abs(share - f) < 0.15, (f, share)
+
+    table = pl.read_parquet(work / "results/eval/smoke/retrieval_score.parquet")
+    assert table.columns[:4] == ["arm", "step", "fraction", "long_gap_fraction"]
+    assert {"layer", "layer_type", "gap", "score", "n", "margin_clean", "margin_patched", "margin_b"} <= set(table.columns)
+    assert table.height == len(arms) * len(ckpt_steps) * 4 * 2
+    assert set(table["arm"]) == set(arms) and set(table["gap"]) == {8, 32}
+    types = table.filter((pl.col("arm") == "baseline") & (pl.col("step") == steps)).sort(["gap", "layer"])
+    assert types["layer_type"].to_list()[:4] == ["kda", "full_attention", "kda", "full_attention"]
+    assert (table["n"] == C["eval"]["retrieval_score"]["max_examples_per_gap"]).all()
+
+    again = run_snakemake(work, "-n", "results/eval/smoke/retrieval_score.parquet", "--config", "scale=smoke")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_train_bld_sr_resumes_after_a_kill_bitwise(smoke_workdir, tmp_path):
+    """Losing the final loop checkpoint (a kill after update 6 of 12) and rerunning gives the same model."""
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    work = smoke_workdir
+    build(work, "results/data/smoke/spaced_retrieval/train.parquet")
+    raw = yaml.safe_load((work / "config.yaml").read_text())
+    raw["scale"] = "smoke"
+    C = resolve(raw)
+    exp = C["experiments"]["bld_sr"]
+    params = {"arm": {"name": "freeze0-0.2", "windows": [[0, 0.2]], "scope": "block", "optimizer_after_unfreeze": None},
+              "train": {**C["train"]["bld_sr"], "ckpt_every": 6}, "seed": 0,
+              **{k: exp[k] for k in ("mixer", "pattern", "score_fractions")}}
+
+    def run(run_params, out):
+        cmd = [sys.executable, "workflow_scripts/train_bld_sr.py", "--params", json.dumps(run_params),
+               "--data", "results/data/smoke/spaced_retrieval", "--work", str(tmp_path / "work"),
+               "--out", str(out), "--threads", "1"]
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    run(params, tmp_path / "a")
+    ckpts = sorted((tmp_path / "work" / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step_000000006", "step_000000012"]
+    shutil.rmtree(ckpts[-1])  # as if killed after the step-6 checkpoint
+    run(params, tmp_path / "b")
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    ma = pl.read_parquet(tmp_path / "a" / "metrics.parquet").drop("tokens_per_s")
+    mb = pl.read_parquet(tmp_path / "b" / "metrics.parquet").drop("tokens_per_s")
+    assert ma.equals(mb)
+
+    # Another arm in the same work directory is a different run: it starts over instead of resuming.
+    other = {**params, "arm": {**params["arm"], "name": "baseline", "windows": []}}
+    assert "starting over" in run(other, tmp_path / "c")
+    mc = pl.read_parquet(tmp_path / "c" / "metrics.parquet")
+    assert min(mc["grad_norm/kda"].to_list()) > 0

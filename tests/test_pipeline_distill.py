@@ -1,0 +1,69 @@
+"""Distillation (both stages, every placement) and the perplexity table, end to end at `smoke`."""
+
+import json
+import math
+
+import polars as pl
+import pytest
+import torch
+from conftest import build, run_snakemake
+from safetensors.torch import load_file
+
+PLACEMENTS = ["endpoint_spread", "interleaved_sandwich", "reverse_periodic", "sandwich", "standard_periodic"]
+
+
+@pytest.mark.slow
+def test_distillation_and_perplexity_table_at_smoke(smoke_workdir):
+    work = smoke_workdir
+    build(work, "results/eval/smoke/perplexity.parquet")
+    runs = work / "results/train/smoke/distill/teacher"
+    students = work / "results/models/smoke/students/teacher"
+
+    for placement in PLACEMENTS:
+        converted = load_file(students / f"{placement}-gdn" / "model.safetensors")
+        stage1 = load_file(runs / f"{placement}-gdn/stage1/model.safetensors")
+        stage2 = load_file(runs / f"{placement}-gdn/stage2/model.safetensors")
+        # Stage 1 moved the mixers and nothing else; stage 2 moved the rest too.
+        changed1 = {k for k in converted if not torch.equal(converted[k], stage1[k])}
+        assert changed1 and all(".self_attn.mixer." in k for k in changed1), placement
+        assert any(".mlp." in k and not torch.equal(stage1[k], stage2[k]) for k in stage1), placement
+        m1 = pl.read_parquet(runs / f"{placement}-gdn/stage1/metrics.parquet")
+        m2 = pl.read_parquet(runs / f"{placement}-gdn/stage2/metrics.parquet")
+        # Curves start with the step-0 evaluation and are logged at fixed token intervals (2 updates of 4 x 64).
+        assert m1["step"][0] == 0 and m1["eval/align"][-1] < m1["eval/align"][0], placement
+        evals = m2.filter(pl.col("eval/kl").is_not_null())
+        assert evals["tokens"].to_list() == [0, 512, 1024, 1536]
+        assert evals["eval/kl"][-1] < evals["eval/kl"][0], placement
+        assert {"eval/ce/eng_Latn", "eval/kl/tel_Telu"} <= set(m2.columns)
+        spec = json.loads((runs / f"{placement}-gdn/stage2/hybrid.json").read_text())
+        assert spec["extra"]["placement"] == placement and spec["extra"]["distill_stage2"]["steps"] == 6
+
+    table = pl.read_parquet(work / "results/eval/smoke/perplexity.parquet")
+    assert table.columns == ["model", "teacher", "placement", "mixer", "lang", "n_tokens", "ce", "ppl", "kl"]
+    assert table["model"].n_unique() == 6 and set(table["placement"].drop_nulls()) == set(PLACEMENTS)
+    langs = set(table["lang"])
+    assert {"all", "eng_Latn", "tel_Telu"} <= langs
+    teacher = table.filter(pl.col("placement").is_null())
+    assert teacher["kl"].null_count() == teacher.height
+    studs = table.filter(pl.col("placement").is_not_null())
+    assert (studs["kl"] > 0).all() and studs["kl"].null_count() == 0
+    for row in table.iter_rows(named=True):
+        assert row["ppl"] == pytest.approx(math.exp(row["ce"]))
+    # The "all" row pools the languages by tokens.
+    one = studs.filter(pl.col("placement") == "sandwich")
+    per_lang = one.filter(pl.col("lang") != "all")
+    pooled = (per_lang["ce"] * per_lang["n_tokens"]).sum() / per_lang["n_tokens"].sum()
+    assert one.filter(pl.col("lang") == "all")["ce"][0] == pytest.approx(pooled)
+    # Students track their teacher: CE within a nat of the teacher's on the pooled rows.
+    t_ce = teacher.filter(pl.col("lang") == "all")["ce"][0]
+    assert (studs.filter(pl.col("lang") == "all")["ce"] < t_ce + 1.0).all()
+
+    tokens = pl.read_parquet(work / "results/eval/smoke/tokens_to_baseline.parquet")
+    assert set(tokens["placement"]) == set(PLACEMENTS) and set(tokens["metric"]) == {"ce", "kl"}
+    base = tokens.filter((pl.col("placement") == "standard_periodic") & (pl.col("lang") == "all"))
+    assert base.height == 2 and (base["tokens"] == base["baseline_tokens"]).all()
+    assert base.filter(pl.col("baseline_tokens") > 0)["fraction"].to_list() == [1.0] * int(
+        (base["baseline_tokens"] > 0).sum())
+
+    again = run_snakemake(work, "-n", "results/eval/smoke/perplexity.parquet", "--config", "scale=smoke")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

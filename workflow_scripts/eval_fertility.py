@@ -1,0 +1,46 @@
+"""Fertility table: tokens per sentence relative to English on the parallel corpus, per tokenizer.
+
+Tokenizers (deduplicated by name): `project` = the tokenizer of the data phase (the BPE trained in the
+DAG at smoke/tiny, the fetched hub tokenizer at paper), every hub analysis model's own tokenizer
+(paper), `eval.analysis.fertility.hub_tokenizers` (paper), and the reference `utf8_bytes` (one token
+per UTF-8 byte: the script's own cost, which a byte-level BPE starts from). Definitions in `hybridlab.eval.fertility`;
+English is the reference (ratio 1), every language of the corpus gets a row.
+
+Output `--out` (tidy parquet), one row per (tokenizer, lang):
+  tokenizer, lang, n_sentences (sids shared with English), tokens_per_sentence,
+  relative_to_english (ratio of token totals; the headline), mean_sentence_ratio
+"""
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--parallel", required=True, help="parallel corpus parquet (sid, lang, text, source)")
+    p.add_argument("--tokenizer", required=True, help="the data phase's tokenizer directory")
+    p.add_argument("--out", required=True, help="output table (.parquet)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+
+    from hybridlab.eval import pairs
+    from hybridlab.eval.fertility import fertility
+    from hybridlab.models.registry import load_tokenizer_for
+
+    names = {"project": args.tokenizer}
+    for m in pairs.analysis_models(**params["models"]):
+        if m.hub:  # DAG models read the project tokenizer; hub models their own, named by hub id
+            names.setdefault(m.name, m.tokenizer)
+    for hub_id in params["fertility"]["hub_tokenizers"]:
+        names.setdefault(hub_id, hub_id)
+    tokenizers = {name: load_tokenizer_for(path) for name, path in names.items()}
+    tokenizers["utf8_bytes"] = lambda text: text.encode("utf-8")
+    print(f"fertility: tokenizers {sorted(tokenizers)}")
+    table = fertility(pl.read_parquet(args.parallel), tokenizers, english=params["english"])
+    pairs.write_table(table, args.out)
+    print(table.select("tokenizer", "lang", "tokens_per_sentence", "relative_to_english"))
+
+
+if __name__ == "__main__":
+    _common.run(main)

@@ -1,0 +1,46 @@
+"""Standard benchmarks (lm-eval, paper preset) on every model the project trains or converts.
+
+Each model directory is loaded with `hybridlab.models.registry.load_causal_lm` (plain transformers
+directories and `save_hybrid` hybrids alike) and handed, already loaded, to lm-eval's HFLM wrapper
+(`hybridlab.eval.lm_eval`). Without lm-eval, or offline, the run stops with one line. Writes --out
+(lm_benchmarks.parquet): model, task, metric, filter, value, stderr.
+"""
+
+import os
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--models", nargs="+", required=True, help="model directories")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory or hub id (RULER builds inputs with it)")
+    p.add_argument("--out", required=True, help="results table (parquet)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+
+    from hybridlab.data.tokenizer import load_tokenizer
+    from hybridlab.eval.lm_eval import LMEvalConfig, require_lm_eval, run_lm_eval
+    from hybridlab.models.registry import load_causal_lm
+
+    require_lm_eval()  # fail before loading any model
+    c = params["lm_eval"]
+    cfg = LMEvalConfig(tasks=c["tasks"], ruler_lengths=c["ruler_lengths"], num_fewshot=c.get("num_fewshot"),
+                       batch_size=c["batch_size"], limit=c.get("limit"), seed=params["seed"])
+    tok = load_tokenizer(args.tokenizer)
+    tables = []
+    for model_dir in args.models:
+        name = "/".join(Path(model_dir).parts[-2:])
+        model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
+        tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=args.tokenizer, model_name=name))
+        del model
+    tmp = f"{args.out}.tmp"
+    pl.concat(tables).write_parquet(tmp)
+    os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    _common.run(main)

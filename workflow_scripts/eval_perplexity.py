@@ -1,0 +1,85 @@
+"""Per-language CE / perplexity / KL-to-teacher of every teacher and stage-2 student, and tokens to baseline.
+
+Table 1 (--out, tidy): model, teacher, placement, mixer, lang, n_tokens, ce, ppl, kl on the first
+`rows_per_language` held-out rows of each language of the packed mixture (`eval.perplexity`), plus a
+lang="all" row per model pooled over every token. Teacher rows have null placement, mixer and kl.
+Table 2 (--tokens-out): per teacher x mixer, the stage-2 held-out curves of every placement against the
+baseline placement's final value (`hybridlab.train.distill.tokens_to_baseline`), for ce and kl, pooled
+and per language; columns teacher, mixer, placement, metric, lang, target, tokens, baseline_tokens,
+fraction, final.
+"""
+
+import os
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--mixture", required=True, help="packed multilingual mixture directory")
+    p.add_argument("--out", required=True, help="perplexity table (parquet)")
+    p.add_argument("--tokens-out", required=True, help="tokens-to-baseline table (parquet)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+    import torch
+
+    from hybridlab.data.packing import PackedDataset
+    from hybridlab.errors import HybridlabError
+    from hybridlab.eval.perplexity import evaluate_perplexity
+    from hybridlab.models.registry import load_causal_lm
+    from hybridlab.train import distill
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    ids, langs = distill.heldout_rows(PackedDataset(args.mixture, "val"), params["rows_per_language"])
+    print(f"{ids.shape[0]} held-out rows of {ids.shape[1]} tokens in {len(set(langs))} languages")
+
+    def run(model, name, teacher_model=None):
+        table = evaluate_perplexity(model, ids, langs, model_name=name, teacher=teacher_model,
+                                    batch_size=params["batch_size"], device=device)
+        return distill.with_overall(table)
+
+    tables, token_tables = [], []
+    for teacher_name, teacher_path in sorted(params["teachers"].items()):
+        teacher = distill.freeze(load_causal_lm(teacher_path, dtype=dtype)).to(device)
+        t = run(teacher, teacher_name)
+        tables.append(t.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(None, pl.String),
+                                     mixer=pl.lit(None, pl.String)))
+        print(f"{teacher_name}: held-out CE {t['ce'][-1]:.4f}")
+        students = [s for s in params["students"] if s["teacher"] == teacher_name]
+        for s in students:
+            student = load_causal_lm(s["dir"], dtype=dtype).to(device)
+            table = run(student, f"{teacher_name}/{s['placement']}-{s['mixer']}", teacher)
+            tables.append(table.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(s["placement"]),
+                                             mixer=pl.lit(s["mixer"])))
+            print(f"  {s['placement']}-{s['mixer']}: CE {table['ce'][-1]:.4f}  KL {table['kl'][-1]:.4f}")
+            del student
+        for mixer in sorted({s["mixer"] for s in students}):
+            curves = {s["placement"]: pl.read_parquet(Path(s["dir"]) / "metrics.parquet")
+                      for s in students if s["mixer"] == mixer}
+            tb = distill.tokens_to_baseline(curves, params["baseline_placement"])
+            token_tables.append(tb.with_columns(teacher=pl.lit(teacher_name), mixer=pl.lit(mixer)))
+        del teacher
+    if not tables:
+        raise HybridlabError("no teacher to evaluate; params.teachers is empty")
+
+    columns = ["model", "teacher", "placement", "mixer", "lang", "n_tokens", "ce", "ppl", "kl"]
+    ppl = pl.concat(tables).select(columns)
+    tokens = pl.concat(token_tables).select(["teacher", "mixer", "placement", "metric", "lang", "target", "tokens",
+                                             "baseline_tokens", "fraction", "final"])
+    for frame, path in ((ppl, args.out), (tokens, args.tokens_out)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.tmp"
+        frame.write_parquet(tmp)
+        os.replace(tmp, path)
+    overall = tokens.filter((pl.col("lang") == distill.ALL_LANGS))
+    for row in overall.iter_rows(named=True):
+        print(f"{row['teacher']} {row['mixer']} {row['placement']:>22} {row['metric']}: "
+              f"fraction of baseline tokens {row['fraction']}")
+
+
+if __name__ == "__main__":
+    _common.run(main)
