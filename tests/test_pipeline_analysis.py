@@ -42,7 +42,7 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     # every layer of both kinds, once per (model, pair, lang); the teacher appears once per student pair
     for kind, n in (("hidden", 5), ("attn_delta", 4)):
         per = t.filter(pl.col("kind") == kind).group_by("model", "pair", "lang").agg(pl.col("layer").sort())
-        assert all(layers == list(range(n)) for layers in per["layer"]), kind
+        assert all(layers.to_list() == list(range(n)) for layers in per["layer"]), kind
     teacher = t.filter(pl.col("model") == "teacher")
     assert set(teacher["pair"]) == MODELS - {"teacher"} and set(teacher["role"]) == {"dense"}
     assert teacher.group_by("kind", "layer", "lang").agg(pl.col("cka").n_unique())["cka"].max() == 1
