@@ -14,7 +14,8 @@ def analysis_models_param():
     """Which models the SoftCKA / recency / NIAH / fertility rules analyse (hybridlab.eval.pairs)."""
     A = C.get("eval", {}).get("analysis")
     if A is None:
-        print(f"error: config: presets.{SCALE}.eval.analysis is missing; copy it from another preset", file=sys.stderr)
+        print(f"error: config: presets.{SCALE}.eval.analysis is missing; copy it from another preset",
+              file=sys.stderr)
         sys.exit(1)
     distilled = [{"teacher": t.replace("--", "/"), "teacher_path": teacher_dir(t), "student": f"{p}-{m}",
                   "student_path": distill_dir(t, p, m, "stage2"),
