@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + pip, no GPU needed):
-#   make all    # snakemake all at the embedded default preset (tiny)
+#   make all    # snakemake all at the embedded default preset (tiny) + the HTML report
 #   make test   # the test suite
 # Both create .venv on first use. torch is installed first, pinned, so pip never pulls a CUDA build
 # on a CPU machine.
@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hybridlab-installed
 
-.PHONY: setup all test data clean-venv
+.PHONY: setup all report test data clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# `snakemake all`, then the self-contained HTML report of every figure and table (results/report/).
 all: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake all --config scale=$(SCALE)
+	$(MAKE) --no-print-directory report
+
+report: setup
+	mkdir -p results/report
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake --report results/report/$(SCALE).html --config scale=$(SCALE)
 
 data: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake data --config scale=$(SCALE)

@@ -18,6 +18,8 @@ except HybridlabError as _exc:
 
 C = resolve(config)
 SCALE = C["scale"]
+# Hash of the whole resolved preset: shown in every report caption and recorded with every figure.
+CONFIG_HASH = config_hash(C)
 DATA = C["data"]
 OFFLINE = DATA["source"] == "offline"
 ON_GPU = SCALE == "paper"

@@ -22,6 +22,7 @@ FIGURES = {
     "fig_tokens_to_baseline": {"tokens_to_baseline": _EV("tokens_to_baseline")},
     "fig_sr_accuracy": _SR_RUNS,
     "fig_sr_grad_norms": _SR_RUNS,
+    "fig_sr_longgap": _SR_RUNS,
     "fig_retrieval_score": {"retrieval_score": _EV("retrieval_score")},
     "fig_bld_nl_loss": _NL_RUNS,
     "fig_position_loss": {"position_loss": _EV("position_loss")},
@@ -29,7 +30,32 @@ FIGURES = {
                             "retrieval_heads_masking": _EV("retrieval_heads_masking")},
 }
 # table -> its inputs, written as CSV + Markdown
-TABLES = {"table_perplexity": {"perplexity": _EV("perplexity")}}
+TABLES = {
+    "table_perplexity": {"perplexity": _EV("perplexity")},
+    "table_kl_reduction": {"perplexity": _EV("perplexity")},
+    "table_softcka_first_fa": {"softcka": _EV("softcka")},
+    "table_bld_nl": {**_NL_RUNS, "position_loss_summary": _EV("position_loss_summary")},
+}
+if ON_GPU:  # lm-eval runs at the paper preset only (rules/eval.smk)
+    TABLES["table_lm_benchmarks"] = {"lm_benchmarks": _EV("lm_benchmarks")}
+
+# The Snakemake report (`snakemake --report`): every figure and table with the caption from
+# hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
+from hybridlab.plots.figures import CAPTIONS
+
+_BLD = ("fig_sr_", "fig_retrieval_score", "fig_bld_nl", "fig_position_loss", "fig_retrieval_heads", "table_bld_nl",
+        "table_lm_benchmarks")
+_STAMP = {"preset": SCALE, "config_hash": CONFIG_HASH}
+
+
+def _study(name):
+    return "Competing learning (BLD)" if name.startswith(_BLD) else "Multilinguality"
+
+
+def _in_report(path, kind):
+    """Mark an output for the report: category = study, caption from CAPTIONS (wildcard `kind`)."""
+    return report(path, caption="../report/caption.rst", category=lambda wc: _study(wc[kind]),
+                  labels=lambda wc: {"name": wc[kind], "preset": SCALE})
 
 
 def _table_args(tables):
@@ -41,11 +67,14 @@ rule figure:
     input:
         lambda wc: list(FIGURES[wc.fig].values()),
     output:
-        png=R("figures", "{fig}.png"),
+        png=_in_report(R("figures", "{fig}.png"), "fig"),
         pdf=R("figures", "{fig}.pdf"),
     wildcard_constraints:
         fig="|".join(FIGURES),
     params:
+        cfg=as_json(_STAMP),
+        caption=lambda wc: CAPTIONS[wc.fig],
+        **_STAMP,
         tables=lambda wc: _table_args(FIGURES[wc.fig]),
     threads: 1
     log:
@@ -59,7 +88,7 @@ rule figure:
     conda:
         CPU_ENV
     shell:
-        "{PY} workflow_scripts/make_figure.py --params '{{}}' --fig {wildcards.fig} --tables {params.tables:q} "
+        "{PY} workflow_scripts/make_figure.py --params {params.cfg:q} --fig {wildcards.fig} --tables {params.tables:q} "
         "--out-png {output.png} --out-pdf {output.pdf} > {log} 2>&1"
 
 
@@ -68,12 +97,14 @@ rule table:
     input:
         lambda wc: list(TABLES[wc.table].values()),
     output:
-        csv=R("figures", "{table}.csv"),
+        csv=_in_report(R("figures", "{table}.csv"), "table"),
         md=R("figures", "{table}.md"),
     wildcard_constraints:
         table="|".join(TABLES),
     params:
-        cfg=as_json({"baseline_placement": C["experiments"]["distill"]["baseline_placement"]}),
+        cfg=as_json({**_STAMP, "baseline_placement": C["experiments"]["distill"]["baseline_placement"]}),
+        caption=lambda wc: CAPTIONS[wc.table],
+        **_STAMP,
         tables=lambda wc: _table_args(TABLES[wc.table]),
     threads: 1
     log:

@@ -1,13 +1,14 @@
 """Shared fixtures: run Snakemake on a temporary copy of the workflow at the `smoke` preset."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from smoke import make_smoke_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,16 +28,6 @@ def run_snakemake(cwd, *args, timeout=900):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def copy_workflow(dst: Path) -> Path:
-    """Copy what a run needs (not results/, .snakemake/ or caches) into `dst`."""
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(ROOT / name, dst / name)
-    for name in ("rules", "workflow_scripts", "profiles", "envs", "src"):
-        shutil.copytree(ROOT / name, dst / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return dst
-
-
 def build(work: Path, *targets: str, cores: int = 2) -> None:
     """Build smoke targets in `work`; fail the test with the tail of Snakemake's output."""
     proc = run_snakemake(work, *targets, "--config", "scale=smoke", "--cores", str(cores))
@@ -45,8 +36,10 @@ def build(work: Path, *targets: str, cores: int = 2) -> None:
 
 @pytest.fixture(scope="session")
 def smoke_workdir(tmp_path_factory):
-    """One workflow copy per test session with the smoke `data` phase built; tests add their targets."""
-    work = copy_workflow(tmp_path_factory.mktemp("smoke"))
+    """The session's smoke repository (tests/smoke.py: a git repository of this working tree, `scale:
+    smoke`) with the data phase built. Every end-to-end test builds its targets here, so each job of the
+    smoke DAG runs once per session; tests that change files work on a copy or a clone."""
+    work = make_smoke_repo(tmp_path_factory.mktemp("smoke"))
     t0 = time.time()
     build(work, "data")
     elapsed = time.time() - t0

@@ -1,9 +1,9 @@
 """DVC round trip: build with Snakemake, `dvc commit` + `dvc push` to the default (local directory)
 remote, clone afresh, `hybridlab cache pull`, and check that Snakemake accepts the pulled outputs.
 
-The repository is copied from this working tree into a temporary git repository with
-`scale: smoke` in config.yaml (dvc.yaml is templated on it). The builder and helpers below are
-shared with test_dvc_s3.py and test_slurm.py (one smoke build per session).
+The whole smoke DAG (`all`: every phase, figure and table) is built once per test session in the
+shared smoke repository (tests/smoke.py, fixture `smoke_workdir`), copied, committed to dvc.lock and
+pushed; a fresh clone pulls it. test_dvc_s3.py does the same through an S3 server.
 """
 
 from __future__ import annotations
@@ -11,120 +11,20 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from hybridlab import cache
 from hybridlab.errors import HybridlabError
 
-ROOT = Path(__file__).resolve().parents[1]
-# What is built, cached and pulled; switch to ["all"] once every phase is implemented.
-TARGETS = ["data", "results/models/smoke/teachers/teacher/model.safetensors"]
-SCALE = "smoke"
+from smoke import ROOT, SCALE, built_repo, dvc, git, pipeline_env, results_hashes, snakemake
+
+# What is built, cached and pulled: the whole smoke DAG.
+TARGETS = ["all"]
 # One output that is deleted after the pull, and the only rule that may rerun to rebuild it.
-REBUILD, REBUILD_RULE = "results/data/smoke/tokenizer/tokenizer.json", "tokenizer"
+REBUILD, REBUILD_RULE = "results/figures/smoke/fig_sr_accuracy.png", "figure"
 
 pytestmark = pytest.mark.slow
-
-
-# --------------------------------------------------------------------------------------------------
-# Shared helpers (imported by test_dvc_s3.py and test_slurm.py)
-
-def pipeline_env(**extra: str) -> dict[str, str]:
-    """Environment for Snakemake/DVC subprocesses: this venv's python first, no network telemetry."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("HYBRIDLAB_CACHE", str(ROOT / "cache"))
-    # Users' Python writes __pycache__ into src/; DVC dep hashes must not depend on it.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.update(DVC_NO_ANALYTICS="1", DVC_STUDIO_OFFLINE="1")
-    env.update(extra)
-    return env
-
-
-def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 600,
-        check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=env or pipeline_env(), capture_output=True, text=True,
-                          timeout=timeout)
-    if check:
-        assert proc.returncode == 0, f"{' '.join(cmd[:6])} failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
-    return proc
-
-
-def snakemake(cwd: Path, *args: str, env=None, check=True) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "snakemake", *args], cwd, env=env, check=check)
-
-
-def dvc(cwd: Path, *args: str, env=None, check=True) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "dvc", *args], cwd, env=env, check=check)
-
-
-def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return run(["git", "-c", "user.name=hybridlab-test", "-c", "user.email=test@hybridlab.invalid",
-                "-c", "commit.gpgsign=false", *args], cwd)
-
-
-def copy_worktree(dst: Path) -> Path:
-    """Copy the files git would commit from this working tree (tracked + untracked, not ignored)."""
-    listing = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT).stdout
-    for rel in filter(None, listing.split("\0")):
-        src = ROOT / rel
-        if src.is_file() or src.is_symlink():
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / rel, follow_symlinks=False)
-    return dst
-
-
-def set_scale(repo: Path, scale: str) -> None:
-    path = repo / "config.yaml"
-    lines = path.read_text().splitlines(keepends=True)
-    hits = [i for i, line in enumerate(lines) if line.startswith("scale:")]
-    assert len(hits) == 1, "config.yaml must set `scale:` on exactly one top-level line"
-    lines[hits[0]] = f"scale: {scale}\n"
-    path.write_text("".join(lines))
-
-
-def built_repo(tmp_path_factory, targets: list[str]) -> Path:
-    """A git repository of this working tree (scale: smoke) with `targets` built, once per session.
-
-    Callers copy it (`shutil.copytree(..., symlinks=True)`) before changing anything in it.
-    """
-    key = hashlib.sha1("\0".join(targets).encode()).hexdigest()[:10]
-    repo = tmp_path_factory.getbasetemp() / f"hybridlab-built-{key}"
-    done = repo.with_name(repo.name + ".done")
-    if done.exists():
-        return repo
-    shutil.rmtree(repo, ignore_errors=True)
-    repo.mkdir()
-    copy_worktree(repo)
-    set_scale(repo, SCALE)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "hybridlab working tree")
-    snakemake(repo, *targets, "--config", f"scale={SCALE}", "--cores", "2")
-    done.touch()
-    return repo
-
-
-def file_hashes(root: Path, skip_dirs: tuple[str, ...] = ()) -> dict[str, str]:
-    """sha256 of every file under root, keyed by relative path (directories in skip_dirs left out)."""
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if not any(part in skip_dirs for part in Path(rel).parts[:-1]):
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
-def results_hashes(repo: Path, phases: list[str]) -> dict[str, str]:
-    hashes = {}
-    for phase in phases:
-        root = repo / "results" / phase / SCALE
-        hashes.update({f"{phase}/{k}": v for k, v in file_hashes(root).items()})
-    return hashes
 
 
 @pytest.fixture
@@ -173,11 +73,11 @@ def test_dvcignore_excludes_bytecode():
 # The round trip
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
+def published(tmp_path_factory, smoke_workdir):
     """(workdir, repo): the smoke build committed to dvc.lock, pushed to the default remote."""
     work = tmp_path_factory.mktemp("dvc-roundtrip")
     repo = work / "repo"
-    shutil.copytree(built_repo(tmp_path_factory, TARGETS), repo, symlinks=True)
+    shutil.copytree(built_repo(smoke_workdir, TARGETS), repo, symlinks=True)
     env = pipeline_env(DVC_GLOBAL_CONFIG_DIR=str(work / "dvc-global"), DVC_SYSTEM_CONFIG_DIR=str(work / "dvc-sys"),
                        DVC_SITE_CACHE_DIR=str(work / "dvc-site"))
     stages = cache.phases_for(TARGETS)
@@ -229,13 +129,14 @@ def test_pull_restores_outputs_and_snakemake_has_nothing_to_do(published, pulled
     assert "up to date" in dvc(clone, "status", *stages).stdout
 
 
-def test_deleting_one_output_rebuilds_only_its_job(pulled_clone):
+def test_deleting_one_figure_rebuilds_only_that_figure(pulled_clone):
     clone, _ = pulled_clone
     target = clone / REBUILD
     before = hashlib.sha256(target.read_bytes()).hexdigest()
     target.unlink()
-    proc = snakemake(clone, REBUILD, "--config", f"scale={SCALE}", "--cores", "2")
-    assert cache.parse_job_stats(proc.stdout + proc.stderr) == {REBUILD_RULE: 1}
+    proc = snakemake(clone, "fig_sr_accuracy", "--config", f"scale={SCALE}", "--cores", "2")
+    # the figure rule once, plus the named target rule that only collects its files
+    assert cache.parse_job_stats(proc.stdout + proc.stderr) == {REBUILD_RULE: 1, "fig_sr_accuracy": 1}
     assert hashlib.sha256(target.read_bytes()).hexdigest() == before, "the rebuild is not deterministic"
     # Its consumers recorded this input's checksum at pull time, so the new mtime reruns nothing.
     proc = snakemake(clone, "-n", *TARGETS, "--config", f"scale={SCALE}")
@@ -286,12 +187,12 @@ def test_pull_refuses_a_stale_stage(published, dvc_env):
     assert not (clone / ".snakemake" / "metadata").exists(), "stale outputs must not be marked complete"
 
 
-def test_pull_errors_name_the_fix(published, tmp_path_factory):
+def test_pull_errors_name_the_fix(published, smoke_workdir, tmp_path_factory):
     _, repo = published
     with pytest.raises(HybridlabError, match=r"scale: smoke"):
         cache.pull(TARGETS, repo=repo, scale="tiny")
     # The built repository before `dvc commit` has no dvc.lock.
-    unlocked = built_repo(tmp_path_factory, TARGETS)
+    unlocked = smoke_workdir
     assert not (unlocked / "dvc.lock").exists()
     with pytest.raises(HybridlabError, match="dvc.lock records none of the stages"):
         cache.pull(TARGETS, repo=unlocked)

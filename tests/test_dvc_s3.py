@@ -10,8 +10,8 @@ import pytest
 
 from hybridlab import cache
 
-from test_dvc_roundtrip import (SCALE, TARGETS, built_repo, dvc, git, pipeline_env, results_hashes,
-                                snakemake)
+from test_dvc_roundtrip import TARGETS
+from smoke import SCALE, built_repo, dvc, git, pipeline_env, results_hashes, snakemake
 
 moto_server = pytest.importorskip("moto.server", reason="S3 test needs `pip install 'moto[server]'`")
 pytest.importorskip("dvc_s3", reason="S3 test needs `pip install dvc-s3`")
@@ -46,11 +46,11 @@ def s3_env(tmp_path_factory):
     server.stop()
 
 
-def test_push_and_pull_through_s3(s3_env, tmp_path_factory, monkeypatch):
+def test_push_and_pull_through_s3(s3_env, tmp_path_factory, smoke_workdir, monkeypatch):
     endpoint, env, s3 = s3_env
     work = tmp_path_factory.mktemp("dvc-s3")
     repo = work / "repo"
-    shutil.copytree(built_repo(tmp_path_factory, TARGETS), repo, symlinks=True)
+    shutil.copytree(built_repo(smoke_workdir, TARGETS), repo, symlinks=True)
     stages = cache.phases_for(TARGETS)
 
     dvc(repo, "remote", "add", "--default", "s3", f"s3://{BUCKET}/cache", env=env)

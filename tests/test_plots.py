@@ -84,7 +84,7 @@ def _tokens():
 
 def _bld_sr_runs():
     frames = {}
-    for j, arm in enumerate(["baseline", "freeze0-0.2"]):
+    for j, arm in enumerate(["baseline", "freeze0-0.2", "longgap0.25", "longgap0.75"]):
         frames[arm] = pl.DataFrame({
             "step": [1, 2, 3, 4], "tokens": [10, 20, 30, 40], "loss": [2.5, 2.4, 2.3, 2.2],
             "grad_norm/layer0/kda": [0.0 if j else 0.5, 0.4, 0.3, 0.2],
@@ -125,12 +125,29 @@ def _heads():
     return alphas, curve
 
 
+def _position_summary():
+    return pl.DataFrame([dict(model=f"{m}-{v}", mixer=m, size="xs", variant=v, n_docs=2, doc_len=64, n_tokens=126,
+                              ppl=100.0 + j, n_key_tokens=3, long_ppl=50.0 + j, short_window=8, threshold=2.0)
+                         for m in ("gdn", "kda") for j, v in enumerate(("baseline", "bld"))])
+
+
+def _perplexity():
+    rows = [dict(model="teacher", teacher="teacher", placement=None, mixer=None, lang=l, n_tokens=10, ce=1.0,
+                 ppl=10.0, kl=None) for l in ("hin_Deva", "rus_Cyrl", "all")]
+    kls = {"standard_periodic": (0.4, 0.2, 0.3), "sandwich": (0.1, 0.18, 0.2), "endpoint_spread": (0.2, 0.15, 0.25)}
+    for p, ks in kls.items():
+        rows += [dict(model=f"teacher/{p}-gdn", teacher="teacher", placement=p, mixer="gdn", lang=l, n_tokens=10,
+                      ce=1.0, ppl=10.0 + k, kl=k) for l, k in zip(("hin_Deva", "rus_Cyrl", "all"), ks)]
+    return pl.DataFrame(rows)
+
+
 def synthetic_tables():
     alphas, curve = _heads()
     return {"softcka": _softcka(), "recency": _recency(), "fertility": _fertility(), "niah": _niah(),
             "distill": _distill_runs(), "tokens_to_baseline": _tokens(), "bld_sr": _bld_sr_runs(),
             "retrieval_score": _retrieval_score(), "bld_nl": _bld_nl_runs(), "position_loss": _position_loss(),
-            "retrieval_heads": alphas, "retrieval_heads_masking": curve}
+            "retrieval_heads": alphas, "retrieval_heads_masking": curve, "perplexity": _perplexity(),
+            "position_loss_summary": _position_summary()}
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +253,65 @@ def test_script_figure_and_table(tables, tmp_path):
     bad = subprocess.run(cmd[:-4] + ["--tables", f"softcka={tmp_path / 'missing.parquet'}", "--out-png", "x.png",
                                      "--out-pdf", "x.pdf"], capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
+
+
+def test_every_figure_and_table_has_a_caption():
+    assert set(figures.CAPTIONS) == set(figures.FIGURES) | set(figures.TABLES)
+    assert all(len(c) > 40 for c in figures.CAPTIONS.values())
+
+
+def test_softcka_first_fa_change_hybrid_and_dense():
+    # synthetic: cka = 0.9 - 0.1 * layer - 0.05 * lang_index; the hybrid's first FA decoder layer is layer 1,
+    # i.e. hidden row 2; the change from row 1 to row 2 is -0.1 for both roles and languages.
+    df = figures.softcka_first_fa_table(_softcka())
+    assert df.height == 4 and set(df["first_fa_layer"]) == {2}
+    assert sorted(df["role"].unique()) == ["dense", "hybrid"]
+    row = df.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
+    assert row["cka_before"] == pytest.approx(0.75) and row["cka_after"] == pytest.approx(0.65)
+    assert df["change"].to_list() == pytest.approx([-0.1] * 4)
+    dense_only = _softcka().filter(pl.col("role") == "dense")
+    with pytest.raises(HybridlabError, match="no hybrid with a full-attention layer"):
+        figures.softcka_first_fa_table(dense_only)
+
+
+def test_kl_reduction_ranks_languages():
+    df = figures.kl_reduction_table(_perplexity())
+    # hin: best sandwich 0.1 vs 0.4 -> 0.75; rus: best endpoint_spread 0.15 vs 0.2 -> 0.25; "all" left out
+    assert df["lang"].to_list() == ["hin_Deva", "rus_Cyrl"]
+    assert df["best_placement"].to_list() == ["sandwich", "endpoint_spread"]
+    assert df["kl_reduction"].to_list() == pytest.approx([0.75, 0.25])
+    with pytest.raises(HybridlabError, match="baseline placement 'reverse_periodic'"):
+        figures.kl_reduction_table(_perplexity(), baseline="reverse_periodic")
+
+
+def test_bld_nl_table_joins_runs_and_summary():
+    df = figures.bld_nl_table(_bld_nl_runs(), _position_summary())
+    assert df.select("mixer", "variant").rows() == [("gdn", "baseline"), ("gdn", "bld"), ("kda", "baseline"),
+                                                    ("kda", "bld")]
+    # final eval/ce = 6.0 - 0.1 * j for the arm's index j (gdn-baseline 0, gdn-bld 1, kda-baseline 2, kda-bld 3)
+    assert df["final_eval_ce"].to_list() == pytest.approx([6.0, 5.9, 5.8, 5.7])
+    assert df["ce_vs_baseline"].to_list() == pytest.approx([0.0, -0.1, 0.0, -0.1])
+    assert df["long_ppl"].to_list() == [50.0, 51.0, 50.0, 51.0]
+
+
+def test_sr_longgap_uses_the_last_eval_of_each_sweep_arm(tables):
+    d = figures.sr_longgap_final(tables["bld_sr"])
+    # sweep arms longgap0.25 (index j=2) and longgap0.75 (j=3); last eval/acc/gap8 = 0.4 + 0.1 j, gap32 = 0.2 + 0.1 j
+    assert d.select("gap", "long_gap_fraction").rows() == [(8, 0.25), (8, 0.75), (32, 0.25), (32, 0.75)]
+    assert d["value"].to_list() == pytest.approx([0.6, 0.7, 0.4, 0.5])
+    with pytest.raises(HybridlabError, match="no long-gap sweep arms"):
+        figures.sr_longgap_final(tables["bld_sr"].filter(pl.col("run") == "baseline"))
+
+
+def test_lm_benchmarks_table_is_wide_and_prefers_filter_none():
+    rows = [dict(model="m1", task="arc_easy", metric="acc", filter="none", value=0.5, stderr=0.01),
+            dict(model="m1", task="arc_easy", metric="acc_norm", filter="none", value=0.6, stderr=0.01),
+            dict(model="m1", task="gsm", metric="exact_match", filter="strict", value=0.1, stderr=0.01),
+            dict(model="m1", task="gsm", metric="exact_match", filter="flexible", value=0.2, stderr=0.01),
+            dict(model="m0", task="arc_easy", metric="acc", filter="none", value=0.4, stderr=0.01),
+            dict(model="m0", task="arc_easy", metric="acc", filter="other", value=0.9, stderr=0.01)]
+    df = figures.lm_benchmarks_table(pl.DataFrame(rows))
+    assert df.columns == ["model", "arc_easy/acc", "arc_easy/acc_norm", "gsm/exact_match"]
+    assert df["model"].to_list() == ["m0", "m1"]
+    assert df.row(0) == ("m0", 0.4, None, None)
+    assert df.row(1) == ("m1", 0.5, 0.6, 0.2)  # no `none` filter: the first filter alphabetically

@@ -17,9 +17,10 @@ import pytest
 
 from hybridlab import cache
 
-from test_dvc_roundtrip import ROOT, SCALE, built_repo, file_hashes, git, pipeline_env, snakemake
+from smoke import ROOT, SCALE, built_repo, file_hashes, git, pipeline_env, snakemake
 
-# What runs on SLURM; switch to ["all"] once every phase is implemented.
+# What runs on SLURM: the data phase and teacher pre-training (every job kind of the DAG's first two
+# phases; the whole DAG through sbatch would double this test's time on 2 cores).
 TARGETS = ["data", "results/models/smoke/teachers/teacher/model.safetensors"]
 PHASES_BUILT = cache.phases_for(TARGETS)
 # Run logs and timings differ between any two runs; everything else must match byte for byte,
@@ -66,8 +67,8 @@ def _same_table(a: Path, b: Path) -> bool:
     return fa.columns == fb.columns and fa.select(keep).equals(fb.select(keep))
 
 
-def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster, tmp_path_factory):
-    local = built_repo(tmp_path_factory, TARGETS)
+def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster, tmp_path_factory, smoke_workdir):
+    local = built_repo(smoke_workdir, TARGETS)
     # A clone of the locally built commit: same files, same git commit in the provenance records.
     work = tmp_path_factory.mktemp("slurm-run") / "repo"
     git(local.parent, "clone", "-q", str(local), str(work))
@@ -108,8 +109,9 @@ def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster,
     # Same outputs as the local build.
     for phase in PHASES_BUILT:
         ours = file_hashes(work / "results" / phase / SCALE, VOLATILE_DIRS)
+        # The local repository is shared by every end-to-end test and may hold more of the DAG.
         theirs = file_hashes(local / "results" / phase / SCALE, VOLATILE_DIRS)
-        assert set(ours) == set(theirs), f"{phase}: different files {set(ours) ^ set(theirs)}"
+        assert ours and set(ours) <= set(theirs), f"{phase}: files only in the SLURM build {set(ours) - set(theirs)}"
         differ = [rel for rel in ours if ours[rel] != theirs[rel]]
         rel_root = Path("results") / phase / SCALE
         for rel in differ:

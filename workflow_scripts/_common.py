@@ -37,17 +37,20 @@ def load_params(text: str) -> dict:
 
 
 def _provenance() -> None:
-    """After a successful run, record what made `--out` (see hybridlab.provenance)."""
+    """After a successful run, record what made `--out` (or a figure's --out-png / a table's --out-csv)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--out")
+    for flag in ("--out", "--out-png", "--out-csv"):
+        p.add_argument(flag)
     p.add_argument("--params")
     args, _ = p.parse_known_args()
-    if not args.out or not Path(args.out).exists():
+    outs = [o for o in (args.out, args.out_png, args.out_csv) if o and Path(o).exists()]
+    if not outs:
         return
     from hybridlab import provenance
 
     params = json.loads(args.params) if args.params else {}
-    provenance.write(args.out, params, Path(sys.argv[0]).name, _SRC.parent)
+    for out in outs:
+        provenance.write(out, params, Path(sys.argv[0]).name, _SRC.parent)
 
 
 def run(main) -> None:

@@ -24,12 +24,19 @@ Figures (what each shows):
   per layer kind vs step, per arm; `retrieval_score`: per-layer score vs training fraction per arm.
 - `bld_nl_loss`, `position_loss`, `retrieval_heads`: BLD natural-language curves, loss by position
   bucket, gate (alpha) distribution and passkey accuracy as heads are masked.
+- `sr_longgap`: final Spaced Retrieval accuracy per gap vs the long-gap fraction of the sweep arms.
 - `perplexity_table`: per-language perplexity of every placement, the best placement per language and
-  its relative change against the baseline placement (standard periodic by default).
+  its relative change against the baseline placement (standard periodic by default);
+  `kl_reduction_table`: languages ranked by the KL reduction of their best placement;
+  `softcka_first_fa_table`: SoftCKA change at each hybrid's first FA layer, hybrid vs dense;
+  `bld_nl_table`: final held-out CE, long-document perplexity and LongPPL per BLD-NL arm;
+  `lm_benchmarks_table`: lm-eval scores per model (paper preset).
+`CAPTIONS` holds the report caption of every figure and table.
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import textwrap
@@ -423,6 +430,161 @@ def retrieval_heads(alphas: pl.DataFrame, masking: pl.DataFrame):
     return fig
 
 
+# --- tables and figures added for the report ------------------------------------------------------
+
+
+def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
+    """SoftCKA (hidden states) just before and just after each hybrid's first full-attention layer.
+
+    Hidden-state row `layer` i is the output of decoder layer i-1 (row 0 = embeddings) and carries that
+    layer's type. For each pair, `first_fa_layer` is the first hidden row of the hybrid whose layer is
+    full attention; `change` = cka(first_fa_layer) - cka(first_fa_layer - 1), for the hybrid and, at
+    the same depth, for its dense partner (the paper's "jump at the first FA layer" is the hybrid's
+    change exceeding the dense model's). Pairs whose hybrid has no FA layer are left out.
+    """
+    df = require(softcka, ["pair", "role", "model", "kind", "layer", "layer_type", "lang", "cka"], "softcka")
+    df = df.filter(pl.col("kind") == "hidden")
+    first = (df.filter((pl.col("role") == "hybrid") & (pl.col("layer_type") == FULL_ATTENTION))
+             .group_by("pair").agg(first_fa_layer=pl.col("layer").min()))
+    if first.is_empty():
+        raise HybridlabError("table 'softcka' has no hybrid with a full-attention layer (hidden rows); "
+                             "nothing to compare at the first FA layer")
+    df = df.join(first, on="pair")
+    at = df.filter(pl.col("layer") == pl.col("first_fa_layer")).select(
+        "pair", "role", "model", "lang", "first_fa_layer", cka_after="cka")
+    before = df.filter(pl.col("layer") == pl.col("first_fa_layer") - 1).select(
+        "pair", "role", "lang", cka_before="cka")
+    out = at.join(before, on=["pair", "role", "lang"]).with_columns(change=pl.col("cka_after") - pl.col("cka_before"))
+    return out.sort(["pair", "role", "lang"]).select(
+        "pair", "role", "model", "lang", "first_fa_layer", "cka_before", "cka_after", "change")
+
+
+def kl_reduction_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> pl.DataFrame:
+    """Per (teacher, mixer, lang): the placement with the lowest KL and its reduction vs the baseline.
+
+    `kl_reduction` = 1 - KL(best) / KL(baseline placement) (0.25 = a quarter less KL than standard
+    periodic). Rows sorted by reduction, largest first, within each teacher and mixer; the pooled
+    "all" row is left out (it is not a language).
+    """
+    df = require(ppl, ["teacher", "placement", "mixer", "lang", "kl"], "perplexity")
+    stud = df.filter(pl.col("placement").is_not_null() & pl.col("kl").is_not_null() & (pl.col("lang") != "all"))
+    base = stud.filter(pl.col("placement") == baseline).select("teacher", "mixer", "lang", kl_baseline="kl")
+    if base.is_empty():
+        raise HybridlabError(f"baseline placement '{baseline}' has no KL rows in table 'perplexity'; set "
+                             "experiments.distill.baseline_placement to a distilled placement")
+    best = (stud.filter(pl.col("placement") != baseline).sort(["kl", "placement"])
+            .group_by(["teacher", "mixer", "lang"], maintain_order=True).first()
+            .select("teacher", "mixer", "lang", best_placement="placement", kl_best="kl"))
+    out = best.join(base, on=["teacher", "mixer", "lang"]).with_columns(
+        kl_reduction=1.0 - pl.col("kl_best") / pl.col("kl_baseline"))
+    return out.sort(["teacher", "mixer", "kl_reduction", "lang"], descending=[False, False, True, False]).select(
+        "teacher", "mixer", "lang", "kl_baseline", "best_placement", "kl_best", "kl_reduction")
+
+
+def sr_longgap_final(runs: pl.DataFrame) -> pl.DataFrame:
+    """Last validation accuracy per gap of each long-gap sweep arm (`longgap<f>`): run, gap, fraction, value."""
+    df = require(runs, ["run", "step"], "bld_sr metrics").filter(pl.col("run").str.starts_with("longgap"))
+    if df.is_empty():
+        raise HybridlabError("no long-gap sweep arms (`longgap<f>`) in the bld_sr runs; set "
+                             "experiments.bld_sr.long_gap_fractions")
+    df = _melt_prefix(df, "eval/acc/gap", "gap", "bld_sr metrics")
+    return (df.sort("step").group_by(["run", "gap"]).agg(pl.col("value").last())
+            .with_columns(long_gap_fraction=pl.col("run").str.strip_prefix("longgap").cast(pl.Float64),
+                          gap=pl.col("gap").cast(pl.Int64)).sort(["gap", "long_gap_fraction"]))
+
+
+def sr_longgap(runs: pl.DataFrame):
+    """Final validation accuracy per gap vs the long-gap fraction of the training mix (arms `longgap<f>`)."""
+    final = sr_longgap_final(runs)
+    gaps = [f"gap {g}" for g in _sorted(final, "gap")]
+    with themed():
+        fig, axes = new_figure(1)
+        sns.lineplot(data=_pd(final.with_columns(pl.format("gap {}", "gap").alias("gap"))), x="long_gap_fraction",
+                     y="value", hue="gap", hue_order=gaps, palette=PALETTE, marker="o", errorbar=None, ax=axes[0])
+        axes[0].set_xlabel("fraction of long-gap training examples")
+        axes[0].set_ylabel("final validation accuracy")
+        axes[0].set_ylim(-0.02, 1.02)
+    return fig
+
+
+def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
+    """BLD on natural language, one row per arm: final held-out CE, long-document perplexity and LongPPL.
+
+    `final_eval_ce` is the last held-out CE of the run's metrics; `ppl`, `long_ppl` and `n_key_tokens`
+    come from the position-loss summary (LongPPL is null when no token qualifies as a key token).
+    The BLD-vs-baseline change in CE is in `ce_vs_baseline` (negative = BLD better).
+    """
+    r = _nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics"))
+    final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by("run").agg(
+        final_eval_ce=pl.col("eval/ce").last(), tokens=pl.col("tokens").last()))
+    s = require(summary, ["model", "mixer", "size", "variant", "ppl", "long_ppl", "n_key_tokens"],
+                "position_loss_summary")
+    out = s.join(final, left_on="model", right_on="run", how="inner")
+    if out.is_empty():
+        raise HybridlabError("bld_nl runs and position_loss_summary share no arm; rebuild both from one config")
+    base = out.filter(pl.col("variant") == "baseline").select("mixer", "size", base_ce="final_eval_ce")
+    out = out.join(base, on=["mixer", "size"], how="left").with_columns(
+        ce_vs_baseline=pl.col("final_eval_ce") - pl.col("base_ce"))
+    return out.sort(["size", "mixer", "variant"]).select(
+        "mixer", "size", "variant", "tokens", "final_eval_ce", "ce_vs_baseline", "ppl", "long_ppl", "n_key_tokens")
+
+
+def lm_benchmarks_table(bench: pl.DataFrame) -> pl.DataFrame:
+    """lm-eval results (paper preset) wide: one row per model, one column per `task/metric` (filter
+    `none`, or the first filter of a metric when it has no `none`), columns sorted."""
+    df = require(bench, ["model", "task", "metric", "filter", "value"], "lm_benchmarks")
+    df = (df.sort(["model", "task", "metric", pl.col("filter") != "none", "filter"])
+          .group_by(["model", "task", "metric"], maintain_order=True).first()
+          .with_columns(column=pl.format("{}/{}", "task", "metric")))
+    wide = df.pivot(on="column", index="model", values="value", sort_columns=True)
+    return wide.sort("model")
+
+# One-paragraph captions for the Snakemake report (the rule adds the preset and the config hash).
+CAPTIONS = {
+    "fig_placements": "Layer types of every analysed model: full attention (FA) vs the recurrent mixer, per "
+                      "decoder layer, for the dense teacher and each converted hybrid.",
+    "fig_softcka_pairs": "SoftCKA between English and each language's parallel sentences, per layer (hidden "
+                         "states; layer 0 = embeddings). Solid = hybrid, dashed = its dense partner; the "
+                         "hybrid's FA layers are shaded. Higher = more cross-lingual alignment.",
+    "fig_softcka_attn_delta": "SoftCKA of each mixer / attention block's residual contribution (attn_delta), "
+                              "English vs each language, per decoder layer; hybrid FA layers shaded.",
+    "fig_recency": "Attention recency of the full-attention layers, hybrid vs dense: mean attention distance "
+                   "per FA layer (top) and attention mass on the last w tokens vs w (bottom).",
+    "fig_fertility": "Tokenizer fertility: tokens per sentence relative to English on the parallel set, per "
+                     "language and tokenizer.",
+    "fig_niah": "Multilingual needle-in-a-haystack: accuracy (mean over the OneRULER-style tasks) and seconds "
+                "per example vs context length (in the model's tokens), hybrid vs dense; OOM cells marked.",
+    "fig_distill_curves": "Distillation stage 2: held-out cross-entropy and KL(teacher || student) vs "
+                          "training tokens, one line per full-attention placement.",
+    "fig_tokens_to_baseline": "Tokens each placement needs to reach the standard-periodic arm's final loss, "
+                              "as a fraction of the standard-periodic arm's tokens (lower = faster).",
+    "fig_sr_accuracy": "Spaced Retrieval: validation answer accuracy vs step per gap, one line per BLD arm "
+                       "(baseline, freezes of the recurrent layers, long-gap sweep).",
+    "fig_sr_grad_norms": "Spaced Retrieval: gradient norm of attention and recurrent layers vs step, per arm "
+                         "(frozen steps are not drawn).",
+    "fig_sr_longgap": "Spaced Retrieval long-gap sweep: final validation accuracy per gap vs the fraction of "
+                      "long-gap examples in training.",
+    "fig_retrieval_score": "Layer Retrieval Ability Score by activation patching, per layer, over training "
+                           "(baseline vs arms that freeze the recurrent layers early).",
+    "fig_bld_nl_loss": "BLD on natural language: training loss and held-out CE vs tokens; colour = mixer, "
+                       "solid = BLD (recurrent layers frozen early), dashed = baseline.",
+    "fig_position_loss": "Mean loss by token-position bucket on long documents, BLD vs baseline per mixer.",
+    "fig_retrieval_heads": "Retrieval heads (DuoAttention-style gates): alpha per KV head of the attention "
+                           "layers (left) and passkey accuracy as heads are masked, lowest alpha first (right).",
+    "table_perplexity": "Per-language perplexity of the teacher and of every placement's student, the best "
+                        "placement per language and its relative change vs standard periodic.",
+    "table_kl_reduction": "Languages ranked by the KL reduction of their best placement vs standard periodic "
+                          "(1 - KL(best) / KL(standard periodic)).",
+    "table_softcka_first_fa": "SoftCKA just before and after each hybrid's first full-attention layer, for "
+                              "the hybrid and its dense partner at the same depth (the jump at the first FA "
+                              "layer).",
+    "table_lm_benchmarks": "Standard benchmarks (lm-eval; paper preset): one row per model (teachers, "
+                           "distilled students, BLD arms), one column per task and metric.",
+    "table_bld_nl": "BLD on natural language per arm: final held-out CE, its change vs the baseline arm, "
+                    "long-document perplexity and LongPPL.",
+}
+
+
 # name -> (function, the table names it reads, in argument order)
 FIGURES = {
     "fig_placements": (placements, ["softcka"]),
@@ -435,13 +597,20 @@ FIGURES = {
     "fig_tokens_to_baseline": (tokens_to_baseline, ["tokens_to_baseline"]),
     "fig_sr_accuracy": (sr_accuracy, ["bld_sr"]),
     "fig_sr_grad_norms": (sr_grad_norms, ["bld_sr"]),
+    "fig_sr_longgap": (sr_longgap, ["bld_sr"]),
     "fig_retrieval_score": (retrieval_score, ["retrieval_score"]),
     "fig_bld_nl_loss": (bld_nl_loss, ["bld_nl"]),
     "fig_position_loss": (position_loss, ["position_loss"]),
     "fig_retrieval_heads": (retrieval_heads, ["retrieval_heads", "retrieval_heads_masking"]),
 }
 RUN_TABLES = ("distill", "bld_sr", "bld_nl")  # given as one metrics file per run: `<table>/<run>=path`
-TABLES = {"table_perplexity": (perplexity_table, ["perplexity"])}
+TABLES = {
+    "table_perplexity": (perplexity_table, ["perplexity"]),
+    "table_kl_reduction": (kl_reduction_table, ["perplexity"]),
+    "table_softcka_first_fa": (softcka_first_fa_table, ["softcka"]),
+    "table_bld_nl": (bld_nl_table, ["bld_nl", "position_loss_summary"]),
+    "table_lm_benchmarks": (lm_benchmarks_table, ["lm_benchmarks"]),  # paper preset only
+}
 
 
 def render(name: str, tables: dict[str, pl.DataFrame]):
@@ -463,4 +632,5 @@ def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.Dat
     missing = [t for t in needs if t not in tables]
     if missing:
         raise HybridlabError(f"table '{name}' needs tables {missing}; pass them as --tables NAME=PATH")
-    return fn(*[tables[t] for t in needs], **kwargs)
+    accepted = inspect.signature(fn).parameters
+    return fn(*[tables[t] for t in needs], **{k: v for k, v in kwargs.items() if k in accepted})
