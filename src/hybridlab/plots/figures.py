@@ -44,7 +44,7 @@ import warnings
 
 import polars as pl
 import seaborn as sns
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
@@ -83,6 +83,13 @@ def _sorted(df: pl.DataFrame, col: str) -> list:
 def _title(ax, text: str) -> None:
     """Panel title wrapped to the panel width (model names can be long; titles must not overlap)."""
     ax.set_title(textwrap.fill(text, width=int(ax.get_position().width * ax.figure.get_figwidth() * 12)))
+
+
+def _tokens_axis(ax) -> None:
+    """x axis of training tokens: compact SI labels (50k, 1.2M) that do not run into each other."""
+    ax.set_xlabel("training tokens")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.xaxis.set_major_locator(MaxNLocator(5))
 
 
 def _legend_once(axes) -> None:
@@ -241,7 +248,7 @@ def distill_curves(runs: pl.DataFrame):
             sns.lineplot(data=_pd(df), x="tokens", y=col, hue=label, hue_order=_sorted(df, label),
                          palette=PALETTE, marker="o", errorbar=None, ax=ax)
             ax.set_ylabel(name)
-            ax.set_xlabel("training tokens")
+            _tokens_axis(ax)
         _legend_once(axes)
     return fig
 
@@ -379,7 +386,7 @@ def bld_nl_loss(runs: pl.DataFrame):
             sns.lineplot(data=_pd(d), x="tokens", y=col, hue="mixer", hue_order=mixers, style="variant",
                          style_order=sorted(dashes), dashes=dashes, palette=PALETTE, errorbar=None, ax=ax)
             ax.set_ylabel(name)
-            ax.set_xlabel("training tokens")
+            _tokens_axis(ax)
         _legend_once(axes)
     return fig
 
