@@ -8,7 +8,10 @@
   such as Granite's `1 / logits_scaling`). With two `Projected` sides the full `[B, T, V]` logits
   are never materialised: a custom autograd Function walks `chunk_tokens` rows at a time and,
   optionally, `vocab_chunk` columns at a time with an online logsumexp (two passes forward, one
-  recomputing pass backward), so peak extra memory is O(chunk_tokens * vocab_chunk). Gradients
+  recomputing pass backward), so peak extra memory is O(chunk_tokens * vocab_chunk). With a single
+  vocabulary chunk the forward computes each side's logits once per row chunk. A chunk's logits are
+  a fresh buffer that log-probabilities, probabilities and the loss gradient are then computed in,
+  in place: on CPU a large fresh allocation costs about as much as a pass over it. Gradients
   flow to every input that requires them (the student, and the teacher if it is not detached):
   d/dz_s = p_s - p_t and d/dz_t = p_t (log p_t - log p_s - KL) per token, times the token weight.
   Logits are computed in the inputs' dtype (as the models' own heads do) and reduced in fp32
@@ -124,28 +127,35 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
 
 
 def _logits(spec: tuple, ts: Sequence[Tensor], r0: int, r1: int, v0: int, v1: int) -> Tensor:
-    """Logits of rows [r0, r1) and vocabulary [v0, v1) of one side, in the reduction dtype."""
+    """Logits of rows [r0, r1) and vocabulary [v0, v1) of one side, in the reduction dtype.
+
+    Always a fresh tensor, so callers may overwrite it in place.
+    """
     if spec[0] == "logits":
-        return ts[0][r0:r1, v0:v1].to(_acc_dtype(ts[0]))
+        return ts[0][r0:r1, v0:v1].to(_acc_dtype(ts[0]), copy=True)
     z = ts[0][r0:r1] @ ts[1][v0:v1].T
     if spec[2]:
-        z = z + ts[2][v0:v1]
-    return z.to(_acc_dtype(z)) * spec[1]
+        z += ts[2][v0:v1]
+    z = z.to(_acc_dtype(z))
+    if spec[1] != 1.0:
+        z *= spec[1]
+    return z
 
 
 def _lse(spec, ts, r0, r1, V, vc) -> Tensor:
-    """Online logsumexp over vocabulary chunks."""
-    m = s = None
+    """Logsumexp over the vocabulary, combined over vocabulary chunks."""
+    out = None
     for v0 in range(0, V, vc):
-        z = _logits(spec, ts, r0, r1, v0, min(v0 + vc, V))
-        cm = z.amax(-1)
-        if m is None:
-            m, s = cm, torch.exp(z - cm[:, None]).sum(-1)
-        else:
-            nm = torch.maximum(m, cm)
-            s = s * torch.exp(m - nm) + torch.exp(z - nm[:, None]).sum(-1)
-            m = nm
-    return m + torch.log(s)
+        chunk = torch.logsumexp(_logits(spec, ts, r0, r1, v0, min(v0 + vc, V)), -1)
+        out = chunk if out is None else torch.logaddexp(out, chunk)
+    return out
+
+
+def _kl_rows(z_t: Tensor, z_s: Tensor, lse_t: Tensor, lse_s: Tensor) -> Tensor:
+    """Per-row sum over these columns of p_t (log p_t - log p_s); overwrites both logit chunks."""
+    logp_t = z_t.sub_(lse_t[:, None])
+    diff = z_s.sub_(lse_s[:, None]).neg_().add_(logp_t)  # log p_t - log p_s
+    return logp_t.exp_().mul_(diff).sum(-1)
 
 
 class _ChunkedKL(torch.autograd.Function):
@@ -162,13 +172,17 @@ class _ChunkedKL(torch.autograd.Function):
         kl_N = torch.zeros(N, device=dev, dtype=acc)
         for r0 in range(0, N, chunk_tokens):
             r1 = min(r0 + chunk_tokens, N)
-            lt, ls = _lse(t_spec, t_ts, r0, r1, V, vocab_chunk), _lse(s_spec, s_ts, r0, r1, V, vocab_chunk)
+            if vocab_chunk >= V:  # one vocabulary chunk: each side's logits are computed once
+                z_t, z_s = _logits(t_spec, t_ts, r0, r1, 0, V), _logits(s_spec, s_ts, r0, r1, 0, V)
+                lt, ls = torch.logsumexp(z_t, -1), torch.logsumexp(z_s, -1)
+                kl_N[r0:r1] = _kl_rows(z_t, z_s, lt, ls)
+            else:
+                lt, ls = _lse(t_spec, t_ts, r0, r1, V, vocab_chunk), _lse(s_spec, s_ts, r0, r1, V, vocab_chunk)
+                for v0 in range(0, V, vocab_chunk):
+                    v1 = min(v0 + vocab_chunk, V)
+                    kl_N[r0:r1] += _kl_rows(_logits(t_spec, t_ts, r0, r1, v0, v1),
+                                            _logits(s_spec, s_ts, r0, r1, v0, v1), lt, ls)
             lse_t_N[r0:r1], lse_s_N[r0:r1] = lt, ls
-            for v0 in range(0, V, vocab_chunk):
-                v1 = min(v0 + vocab_chunk, V)
-                logp_t = _logits(t_spec, t_ts, r0, r1, v0, v1) - lt[:, None]
-                logp_s = _logits(s_spec, s_ts, r0, r1, v0, v1) - ls[:, None]
-                kl_N[r0:r1] += (logp_t.exp() * (logp_t - logp_s)).sum(-1)
         ctx.save_for_backward(w_N, lse_t_N, lse_s_N, kl_N, *tensors)
         ctx.meta = (chunk_tokens, vocab_chunk, t_spec, s_spec, nt)
         return (kl_N * w_N).sum()
@@ -189,13 +203,13 @@ class _ChunkedKL(torch.autograd.Function):
             g = g_N[r0:r1, None]
             for v0 in range(0, V, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, V)
-                logp_t = _logits(t_spec, t_ts, r0, r1, v0, v1) - lse_t_N[r0:r1, None]
-                logp_s = _logits(s_spec, s_ts, r0, r1, v0, v1) - lse_s_N[r0:r1, None]
-                p_t = logp_t.exp()
-                if need_s:
-                    s_acc.add(g * (logp_s.exp() - p_t), r0, r1, v0, v1)
-                if need_t:
-                    t_acc.add(g * p_t * (logp_t - logp_s - kl_N[r0:r1, None]), r0, r1, v0, v1)
+                logp_t = _logits(t_spec, t_ts, r0, r1, v0, v1).sub_(lse_t_N[r0:r1, None])
+                logp_s = _logits(s_spec, s_ts, r0, r1, v0, v1).sub_(lse_s_N[r0:r1, None])
+                p_t = logp_t.exp() if need_t else logp_t.exp_()
+                if need_t:  # d/dz_t = p_t (log p_t - log p_s - KL), before logp_s is overwritten
+                    t_acc.add(logp_t.sub_(logp_s).sub_(kl_N[r0:r1, None]).mul_(p_t).mul_(g), r0, r1, v0, v1)
+                if need_s:  # d/dz_s = p_s - p_t
+                    s_acc.add(logp_s.exp_().sub_(p_t).mul_(g), r0, r1, v0, v1)
         return (None, None, None, None, None, *t_acc.result(), *s_acc.result())
 
 
@@ -211,11 +225,13 @@ class _GradAcc:
         self.grads = [torch.zeros(t.shape, dtype=_acc_dtype(t), device=t.device) if n else None for t, n in zip(ts, need)]
 
     def add(self, gz: Tensor, r0: int, r1: int, v0: int, v1: int) -> None:
+        """Add one chunk's d loss / d logits (a fresh tensor, scaled in place)."""
         if self.spec[0] == "logits":
             if self.grads[0] is not None:
                 self.grads[0][r0:r1, v0:v1] += gz
             return
-        gz = gz * self.spec[1]
+        if self.spec[1] != 1.0:
+            gz *= self.spec[1]
         h, W = self.ts[0], self.ts[1]
         if self.grads[0] is not None:
             self.grads[0][r0:r1] += gz.to(W.dtype) @ W[v0:v1]

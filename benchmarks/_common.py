@@ -1,0 +1,63 @@
+"""Shared pieces of the benchmark scripts: this machine's fp32 matmul throughput and analytic op FLOPs.
+
+- `measure_matmul_gflops(sizes, reps)`: fp32 GEMM throughput (2 n^3 FLOPs per n x n product) at the
+  current torch thread count, the median of `reps` timed products per size after one untimed warm-up
+  product; returns GFLOP/s per size. The best size is the "measured matmul throughput" that model
+  FLOP utilisation (MFU) is reported against.
+- `chunked_op_matmul_flops(kind, chunks, K, V, C)`: matmul FLOPs (2 per multiply-add) of the
+  project's chunked CPU recurrent ops (`hybridlab.models.ops`) over `chunks` (chunk, batch x head)
+  tiles of C tokens, as (forward, forward + backward). Only the batched products are counted; the
+  triangular inverse, the decay exponentials and other element-wise work are not.
+  * GDN forward: K K^T, T K_bg, Q K^T (C^2 K each); T V_b, P V_new (C^2 V each); W S, K_d^T V_new,
+    Q_g S (C K V each). Its hand-written backward (ops/gdn.py) does 3 products of C^2 K, 4 of C^2 V
+    and 6 of C K V.
+  * KDA forward: the per-channel scores of q and k rows against k (per row set: C^2 K for the
+    off-diagonal sub-chunk blocks + c C K element-wise for the diagonal ones, c = sub-chunk size),
+    T K_bg (C^2 K), T V_b and P V_new (C^2 V each), W S, K_d^T V_new, Q_g S (C K V each). GLA: the q
+    scores (C^2 K + c C K), P V (C^2 V), Q_g S and K_d^T V (C K V each). Both use autograd, whose
+    backward is two products per forward product: forward + backward = 3 x forward.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from hybridlab.models.ops.common import sub_chunk_size
+
+RECURRENT_KINDS = ("gdn", "kda", "gla")
+
+
+def measure_matmul_gflops(sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) -> dict[int, float]:
+    """fp32 GEMM GFLOP/s per square size n (median of `reps` timed n x n products)."""
+    out = {}
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = a @ b  # warm-up: allocates the output, wakes the thread pool
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.matmul(a, b, out=c)
+            times.append(time.perf_counter() - start)
+        out[n] = 2 * n**3 / statistics.median(times) / 1e9
+    return out
+
+
+def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> tuple[float, float]:
+    """(forward, forward + backward) matmul FLOPs of the chunked `kind` op over `chunks` tiles of C tokens."""
+    if kind not in RECURRENT_KINDS:
+        raise ValueError(f"unknown recurrent op {kind!r}; use one of {RECURRENT_KINDS}")
+    c = sub_chunk_size(C)
+    if kind == "gdn":
+        fwd = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V)
+        bwd = 2 * (3 * C * C * K + 4 * C * C * V + 6 * C * K * V)
+        return chunks * fwd, chunks * (fwd + bwd)
+    if kind == "kda":
+        scores = 2 * (2 * C * C * K + 2 * c * C * K)
+        fwd = scores + 2 * (C * C * K + 2 * C * C * V + 3 * C * K * V)
+    else:
+        scores = 2 * (C * C * K + c * C * K)
+        fwd = scores + 2 * (C * C * V + 2 * C * K * V)
+    return chunks * fwd, chunks * 3 * fwd
