@@ -3,9 +3,10 @@
 What is timed (each contender run interleaved, round after round, so background load hits them alike;
 the median over rounds after one warm-up round is reported):
 
-- `forward`: the teacher's plain forward (`model(input_ids, attention_mask)`, logits included, no
-  cache) over the same 2 x N sentences, pre-tokenised, sorted by length and right-padded into batches
-  of `--batch-size`, under `torch.inference_mode()` - the cheapest way to run the model on them;
+- `forward`: the teacher's forward exactly as the capture calls it (`model(input_ids, attention_mask,
+  output_hidden_states=True, use_cache=False)`, logits included) over the same 2 x N sentences,
+  pre-tokenised, sorted by length and right-padded into batches of `--batch-size`, under
+  `torch.inference_mode()` - the model's own cost without the capture's bookkeeping;
 - `capture`: `hybridlab.eval.capture.capture_hidden_states` on the same sentences (the forward with
   every hidden state kept, padding removed, moved to CPU fp32) - what SoftCKA needs first;
 - `softcka_<method>`: given the captured states, SoftCKA (`soft_cka`) of English vs X at every hidden
@@ -57,15 +58,14 @@ def main() -> None:
     ap.add_argument("--scale", default="tiny", help="results/<phase>/<scale> to read the teacher and corpus from")
     ap.add_argument("--lang", default="fra_Latn", help="the language paired with English")
     ap.add_argument("--n", type=int, default=1000, help="sentence pairs")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the 2-core target machine)")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds after one warm-up round")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--block-tokens", type=int, default=1024, help="exact path: padded tokens per Gram block")
+    ap.add_argument("--block-tokens", type=int, default=1024, help="exact path: rows (distinct token vectors) per Gram block")
     ap.add_argument("--rff-features", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     res = ROOT / "results"
     model_dir = res / "models" / args.scale / "teachers" / "teacher"
@@ -88,7 +88,7 @@ def main() -> None:
     def forward():
         with torch.inference_mode():
             for input_BT, mask_BT in batches:
-                model(input_ids=input_BT, attention_mask=mask_BT, use_cache=False)
+                model(input_ids=input_BT, attention_mask=mask_BT, output_hidden_states=True, use_cache=False)
 
     captured = {}
 

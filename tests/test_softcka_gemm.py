@@ -1,4 +1,4 @@
-"""The optimised exact SoftCKA Gram (padded blocks, augmented GEMM, exp2, oneDNN) against float64 references."""
+"""The optimised exact SoftCKA Gram (deduplicated rows, augmented GEMM, exp2, oneDNN) against float64 references."""
 
 import math
 
@@ -33,21 +33,11 @@ def _reference(flat, off, sigma):
 
 
 @pytest.mark.parametrize("block_tokens", [1, 16, 64, 10_000])
-def test_padded_blocks_match_the_float64_definition(block_tokens):
+def test_blocks_match_the_float64_definition(block_tokens):
     flat, off = _sets()
     K, sigma = sentence_gram(flat, off, block_tokens=block_tokens)
     assert torch.allclose(K, _reference(flat, off, sigma), atol=2e-6, rtol=0)
     assert torch.equal(K, K.T)
-
-
-def test_padded_blocks_keep_every_sentence_and_bound_the_padding():
-    lengths = [3, 9, 1, 9, 4, 4, 12, 2]
-    blocks = softcka._padded_blocks(lengths, 20)
-    assert sorted(i for b in blocks for i in b) == list(range(len(lengths)))
-    for b in blocks:
-        width = lengths[b[0]]
-        assert width == max(lengths[i] for i in b)  # the first sentence is the longest
-        assert len(b) == 1 or len(b) * width <= 20
 
 
 def test_onednn_and_plain_gemm_paths_agree(monkeypatch):
@@ -85,3 +75,73 @@ def test_rff_gram_still_matches_its_feature_definition():
     phi_tok = torch.cat([proj.cos(), proj.sin()], 1) / math.sqrt(32)
     phi = torch.stack([phi_tok[off[i]:off[i + 1]].mean(0) for i in range(10)])
     assert torch.allclose(K, phi @ phi.T, atol=1e-5, rtol=0)
+
+
+def _sets_with_shared_vectors():
+    """Token sets where many rows repeat across sentences, as a causal model's states do: sentences that
+    share a prefix, a sentence repeated verbatim, one made only of shared rows, repeats within a sentence."""
+    g = torch.Generator().manual_seed(4)
+    pool = torch.randn(6, 16, generator=g)  # "prefix states" reused by several sentences
+    sets = []
+    for i in range(24):
+        n_prefix, n_own = i % 4, 1 + i % 5
+        sets.append(torch.cat([pool[:n_prefix], pool[i % 6:i % 6 + 1].repeat(i % 2, 1),
+                               torch.randn(n_own, 16, generator=g) + pool[i % 3]]))
+    sets.append(sets[5].clone())  # a duplicate sentence
+    sets.append(pool[[1, 4, 4]])  # only shared rows, one of them twice
+    own = torch.randn(2, 16, generator=g)
+    sets.append(own[[0, 1, 0]])  # a vector repeated within its sentence only
+    return sets
+
+
+@pytest.mark.parametrize("block_tokens", [1, 5, 40, 10_000])
+def test_shared_vectors_are_counted_like_every_other_token(block_tokens):
+    sets = _sets_with_shared_vectors()
+    flat = torch.cat(sets)
+    off = torch.zeros(len(sets) + 1, dtype=torch.long)
+    off[1:] = torch.tensor([len(s) for s in sets]).cumsum(0)
+    vec = softcka._distinct_rows(flat)
+    assert vec.unique().numel() < flat.shape[0] - 20  # the shared-vector path is really exercised
+    K, sigma = sentence_gram(flat, off, block_tokens=block_tokens)
+    assert torch.allclose(K, _reference(flat, off, sigma), atol=2e-6, rtol=0)
+    assert torch.equal(K, K.T)
+    assert torch.allclose(K[5], K[-3], atol=1e-7, rtol=0)  # the duplicate sentence
+
+
+def test_distinct_rows_merges_exactly_the_bit_identical_rows():
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(7, 8, generator=g)
+    x = base[torch.randint(0, 7, (40,), generator=g)].clone()
+    x[3, 2] = torch.nextafter(x[3, 2], torch.tensor(float("inf")))  # one ulp away from its twin
+    # rows 10 and 11 differ only far below the float64 projection's precision, so their projections
+    # collide: the row comparison must still tell them apart
+    x[10] = 0.0
+    x[10, 0] = 1e30
+    x[11] = x[10]
+    x[11, 5] = 1e-10
+    vec = softcka._distinct_rows(x)
+    same = (x[:, None, :] == x[None, :, :]).all(-1)
+    assert torch.equal(vec[:, None] == vec[None, :], same)
+    assert vec[10] != vec[11]
+
+
+@pytest.mark.parametrize("block_tokens", [3, 1024])
+def test_layout_counts_every_token_once(block_tokens):
+    sets = _sets_with_shared_vectors()
+    flat = torch.cat(sets)
+    lengths = torch.tensor([len(s) for s in sets])
+    row, blocks = softcka._gram_layout(flat, lengths, block_tokens)
+    distinct = torch.unique(flat, dim=0)
+    assert row.numel() == distinct.shape[0]  # one row per distinct vector
+    # naive [sentence, distinct vector] occurrence counts vs the blocks' count matrices
+    sent = torch.repeat_interleave(torch.arange(len(sets)), lengths)
+    member = (flat[:, None, :] == distinct[None, :, :]).all(-1).float()  # [T, V]
+    expected = torch.zeros(len(sets), distinct.shape[0]).index_add_(0, sent, member)
+    got = torch.zeros(len(sets), row.numel())
+    for b in blocks:
+        assert b.stop - b.start <= block_tokens
+        got[b.lo:b.hi, b.start:b.stop] += b.counts.to_dense()
+    col = (flat[row][:, None, :] == distinct[None, :, :]).all(-1).float().argmax(1)  # layout row -> vector
+    assert torch.equal(got, expected[:, col])
+    assert blocks[0].start == 0 and blocks[-1].stop == row.numel()  # the blocks tile the rows
+    assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
