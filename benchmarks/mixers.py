@@ -9,6 +9,11 @@ forward (under ``no_grad``) and forward+backward of
 - KDA: ``hybridlab`` chunked op | fla's ``naive_chunk_kda``;
 - GLA: ``hybridlab`` chunked op | fla's ``naive_recurrent_gla`` (fla 0.6 ships no naive chunked GLA).
 
+The references run at their default chunk of 64. ``hybridlab``'s GDN runs at ``--gdn-chunk`` (default
+32): the chunk is only a tiling parameter of the op (its result does not depend on it), and on CPU 32
+is the faster tile at these shapes (smaller C x C work per token; see ``ops/gdn.py``). Pass
+``--gdn-chunk 64`` to time it at the references' tile.
+
 Contenders run interleaved, round after round, so background load hits them alike; the reported
 time is the median over rounds after one warm-up round (the JSON also has the minimum). Other
 processes on the machine distort the ratios (every op is an OpenMP barrier that waits for a
@@ -70,13 +75,13 @@ def make_inputs(per_channel_g: bool, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def matmul_flops(kind: str) -> tuple[float, float]:
+def matmul_flops(kind: str, C: int = C) -> tuple[float, float]:
     """Analytic matmul FLOPs (forward, forward+backward) of the hybridlab chunked op at these shapes."""
     chunks = B * H * T // C
     c = 8  # sub-chunk of the per-channel intra-chunk scores (sqrt of 64)
     if kind == "gdn":
-        # forward: K K^T, T K_bg, q k^T (C^2 K); T V_b, P V_new (C^2 V); W S, K_d^T V_new, Q_g S (C K V)
-        fwd = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V)
+        # forward: K K^T, q k^T (C^2 K); T (V_b - K_bg S), P V_new (C^2 V); K_bg S, K_d^T V_new, Q_g S (C K V)
+        fwd = 2 * (2 * C * C * K + 2 * C * C * V + 3 * C * K * V)
         # hand-written backward: 6 products of C^2 K, 8 of C^2 V, 12 of C K V (see ops/gdn.py)
         bwd = 6 * C * C * K + 8 * C * C * V + 12 * C * K * V
         return chunks * fwd, chunks * (fwd + bwd)
@@ -100,12 +105,14 @@ def measure_matmul_gflops(n: int = 2048, reps: int = 7) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def contenders(kind: str):
+def contenders(kind: str, gdn_chunk: int):
     """name -> function(inputs) returning the output ``[B, T, H, V]``."""
     if kind == "gdn":
         fallback = transformers_fallback()
         return {
-            "hybridlab": lambda x: ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
+            "hybridlab": lambda x: ops.chunk_gated_delta_rule(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=gdn_chunk
+            )[0],
             "fla_naive_chunk": lambda x: naive_chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
             "transformers_fallback": lambda x: fallback(x["q"], x["k"], x["v"], x["g"], x["beta"])[0],
         }
@@ -132,11 +139,11 @@ def time_once(fn, inputs, backward: bool) -> float:
     return time.perf_counter() - start
 
 
-def bench_op(kind: str, reps: int, peak_gflops: float) -> dict:
+def bench_op(kind: str, reps: int, peak_gflops: float, gdn_chunk: int) -> dict:
     inputs = {name: t.requires_grad_() for name, t in make_inputs(kind != "gdn").items()}
     if kind == "gla":
         del inputs["beta"]
-    fns = contenders(kind)
+    fns = contenders(kind, gdn_chunk)
     times = {name: {"fwd": [], "fwdbwd": []} for name in fns}
     for round_idx in range(reps + 1):  # round 0 is the warm-up
         for name, fn in fns.items():
@@ -154,7 +161,7 @@ def bench_op(kind: str, reps: int, peak_gflops: float) -> dict:
             continue
         for mode in ("fwd", "fwdbwd"):
             result[f"speedup_{mode}_vs_{name}"] = result[f"{name}_{mode}_ms"] / result[f"hybridlab_{mode}_ms"]
-    flops_fwd, flops_fwdbwd = matmul_flops(kind)
+    flops_fwd, flops_fwdbwd = matmul_flops(kind, gdn_chunk if kind == "gdn" else C)
     for mode, flops in (("fwd", flops_fwd), ("fwdbwd", flops_fwdbwd)):
         gflops = flops / (result[f"hybridlab_{mode}_ms"] / 1e3) / 1e9
         result[f"hybridlab_{mode}_gflops"] = gflops
@@ -166,15 +173,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5, help="timed rounds per contender (median reported)")
     parser.add_argument("--ops", nargs="+", default=["gdn", "kda", "gla"], choices=["gdn", "kda", "gla"])
+    parser.add_argument("--gdn-chunk", type=int, default=32, help="chunk (tile) of hybridlab's GDN op")
     args = parser.parse_args()
     torch.manual_seed(0)
     peak = measure_matmul_gflops()
-    print(f"shapes B={B} T={T} H={H} K={K} V={V} chunk={C} fp32, threads={torch.get_num_threads()}")
+    print(f"shapes B={B} T={T} H={H} K={K} V={V} chunk={C} (hybridlab GDN: {args.gdn_chunk}) fp32, "
+          f"threads={torch.get_num_threads()}")
     print(f"fp32 matmul throughput (2048^3): {peak:.1f} GFLOP/s")
-    report = {"shapes": {"B": B, "T": T, "H": H, "K": K, "V": V, "chunk": C},
+    report = {"shapes": {"B": B, "T": T, "H": H, "K": K, "V": V, "chunk": C, "hybridlab_gdn_chunk": args.gdn_chunk},
               "threads": torch.get_num_threads(), "matmul_gflops": peak}
     for kind in args.ops:
-        res = bench_op(kind, args.reps, peak)
+        res = bench_op(kind, args.reps, peak, args.gdn_chunk)
         report[kind] = res
         names = [key[: -len("_fwd_ms")] for key in res if key.endswith("_fwd_ms")]
         print(f"\n{kind.upper()}")

@@ -135,7 +135,10 @@ def pairwise_decay(b_NZC: Tensor) -> Tensor:
 
 
 def unit_lower_inverse(L: Tensor, base: int = 16) -> Tensor:
-    """Inverse of unit lower-triangular ``[..., C, C]`` matrices (the upper triangle of ``L`` is ignored).
+    """Inverse of unit lower-triangular ``[..., C, C]`` matrices; only the strict lower triangle of ``L`` is read.
+
+    The diagonal is taken to be 1 whatever ``L`` holds there, so callers pass ``strict_lower(A)`` for
+    ``(I + A)^{-1}`` without writing the identity in.
 
     Block recursion ``[[L11, 0], [L21, L22]]^-1 = [[T11, 0], [-T22 L21 T11, T22]]`` down to ``base``
     sized blocks solved by LAPACK: about twice as fast on CPU as one batched ``solve_triangular``
