@@ -8,8 +8,8 @@
   project's chunked CPU recurrent ops (`hybridlab.models.ops`) over `chunks` (chunk, batch x head)
   tiles of C tokens, as (forward, forward + backward). Only the batched products are counted; the
   triangular inverse, the decay exponentials and other element-wise work are not.
-  * GDN forward: K K^T, T K_bg, Q K^T (C^2 K each); T V_b, P V_new (C^2 V each); W S, K_d^T V_new,
-    Q_g S (C K V each). Its hand-written backward (ops/gdn.py) does 3 products of C^2 K, 4 of C^2 V
+  * GDN forward: K K^T, Q K^T (C^2 K each); T X, P V_new (C^2 V each); K_bg S, K_d^T V_new, Q_g S
+    (C K V each), with X = V_b - K_bg S (W = T K_bg is never formed). Its hand-written backward (ops/gdn.py) does 3 products of C^2 K, 4 of C^2 V
     and 6 of C K V.
   * KDA forward: the per-channel scores of q and k rows against k (per row set: C^2 K for the
     off-diagonal sub-chunk blocks + c C K element-wise for the diagonal ones, c = sub-chunk size),
@@ -51,7 +51,7 @@ def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> t
         raise ValueError(f"unknown recurrent op {kind!r}; use one of {RECURRENT_KINDS}")
     c = sub_chunk_size(C)
     if kind == "gdn":
-        fwd = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V)
+        fwd = 2 * (2 * C * C * K + 2 * C * C * V + 3 * C * K * V)
         bwd = 2 * (3 * C * C * K + 4 * C * C * V + 6 * C * K * V)
         return chunks * fwd, chunks * (fwd + bwd)
     if kind == "kda":

@@ -37,6 +37,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from _common import chunked_op_matmul_flops, measure_matmul_gflops
 from hybridlab.models import ops
 
 with warnings.catch_warnings():  # fla warns that Triton cannot run on a CPU-only machine
@@ -77,32 +78,7 @@ def make_inputs(per_channel_g: bool, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def matmul_flops(kind: str, C: int = C) -> tuple[float, float]:
     """Analytic matmul FLOPs (forward, forward+backward) of the hybridlab chunked op at these shapes."""
-    chunks = B * H * T // C
-    c = 8  # sub-chunk of the per-channel intra-chunk scores (sqrt of 64)
-    if kind == "gdn":
-        # forward: K K^T, q k^T (C^2 K); T (V_b - K_bg S), P V_new (C^2 V); K_bg S, K_d^T V_new, Q_g S (C K V)
-        fwd = 2 * (2 * C * C * K + 2 * C * C * V + 3 * C * K * V)
-        # hand-written backward: 6 products of C^2 K, 8 of C^2 V, 12 of C K V (see ops/gdn.py)
-        bwd = 6 * C * C * K + 8 * C * C * V + 12 * C * K * V
-        return chunks * fwd, chunks * (fwd + bwd)
-    if kind == "kda":
-        scores = 2 * (2 * C * C * K + 2 * c * C * K)  # q and k rows: off-diagonal blocks + diagonal blocks
-        fwd = scores + 2 * (C * C * K + C * C * V + 3 * C * K * V + C * C * V)
-    else:
-        scores = 2 * (C * C * K + c * C * K)
-        fwd = scores + 2 * (2 * C * K * V + C * C * V)
-    return chunks * fwd, chunks * 3 * fwd  # autograd: each product's backward is two products
-
-
-def measure_matmul_gflops(n: int = 2048, reps: int = 7) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times) / 1e9
+    return chunked_op_matmul_flops(kind, B * H * T // C, K, V, C)
 
 
 def contenders(kind: str, gdn_chunk: int):
@@ -176,7 +152,7 @@ def main() -> None:
     parser.add_argument("--gdn-chunk", type=int, default=32, help="chunk (tile) of hybridlab's GDN op")
     args = parser.parse_args()
     torch.manual_seed(0)
-    peak = measure_matmul_gflops()
+    peak = max(measure_matmul_gflops().values())
     print(f"shapes B={B} T={T} H={H} K={K} V={V} chunk={C} (hybridlab GDN: {args.gdn_chunk}) fp32, "
           f"threads={torch.get_num_threads()}")
     print(f"fp32 matmul throughput (2048^3): {peak:.1f} GFLOP/s")
