@@ -274,31 +274,24 @@ def run_benchmark(setup: Setup, steps: int, warmup: int) -> dict[str, float]:
 
 
 # ---- command line ------------------------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+def int_at_least(minimum: int):
+    """argparse type: an integer >= `minimum`, else a one-line usage error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+    return parse
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=positive_int, default=5, help="timed updates per benchmark (median reported)")
-    ap.add_argument("--warmup", type=non_negative_int, default=2, help="untimed updates before the timed ones")
-    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ap.add_argument("--steps", type=int_at_least(1), default=5, help="timed updates per benchmark (median reported)")
+    ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed updates before the timed ones")
+    ap.add_argument("--threads", type=int_at_least(1), default=2, help="torch CPU threads")
     ap.add_argument("--scale", default="tiny", help="config.yaml preset the models and runs come from")
     ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS), help="benchmarks to run")
     return ap.parse_args(argv)

@@ -1,37 +1,15 @@
-"""Shared fixtures: run Snakemake on a temporary copy of the workflow at the `smoke` preset."""
+"""Shared fixtures: the session's smoke repository, and Snakemake runners for the pipeline tests."""
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from smoke import make_smoke_repo
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def snakemake_env() -> dict:
-    env = dict(os.environ)
-    # Rules call `python`: make it this interpreter, with the package importable.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    # Downloaded Debian packages are cached across test runs (and shared with `make all`).
-    env.setdefault("HYBRIDLAB_CACHE", str(ROOT / "cache"))
-    return env
+from smoke import ROOT, build, make_smoke_repo, snakemake  # noqa: F401  (ROOT and build: re-exported)
 
 
 def run_snakemake(cwd, *args, timeout=900):
-    """`snakemake ARGS` in `cwd`; returns the CompletedProcess (stdout/stderr captured)."""
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=snakemake_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def build(work: Path, *targets: str, cores: int = 2) -> None:
-    """Build smoke targets in `work`; fail the test with the tail of Snakemake's output."""
-    proc = run_snakemake(work, *targets, "--config", "scale=smoke", "--cores", str(cores))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    """`snakemake ARGS` in `cwd`; returns the CompletedProcess without checking its exit status."""
+    return snakemake(cwd, *args, check=False, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

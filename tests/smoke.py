@@ -38,8 +38,8 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: i
     return proc
 
 
-def snakemake(cwd: Path, *args: str, env=None, check=True) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "snakemake", *args], cwd, env=env, check=check)
+def snakemake(cwd: Path, *args: str, env=None, check=True, timeout: int = 900) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "snakemake", *args], cwd, env=env, timeout=timeout, check=check)
 
 
 def dvc(cwd: Path, *args: str, env=None, check=True) -> subprocess.CompletedProcess:

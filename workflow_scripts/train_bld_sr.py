@@ -9,7 +9,7 @@ optionally, the long-gap share of the train mix (the split is resampled; see
   `grad_norm/layer<i>/<kind>`, `grad_norm/<kind>`), per-gap train accuracy (`acc/gap<g>`,
   `seq_acc/gap<g>`, from the count columns `sr/...`) and, every `eval_every` steps, validation
   accuracy per gap (`eval/acc/gap<g>`, `eval/seq_acc/gap<g>`);
-- `score_checkpoints/step_XXXXXX/` (`save_hybrid` layout) at the configured fractions of training, and
+- `score_checkpoints/step_<step, 6 digits>/` (`save_hybrid` layout) at the configured fractions of training, and
   `score_checkpoints/index.json` listing them (read by the retrieval-score rule);
 - `summary.json`: parameters, steps, freeze windows in updates, test accuracy per gap, wall time.
 
