@@ -122,6 +122,26 @@ def from_chunks(x_NZCD: Tensor, batch: int, heads: int, seq_len: int) -> Tensor:
     return x[:, :seq_len].contiguous()
 
 
+def pad_time(x: Tensor, chunk_size: int) -> Tensor:
+    """Right-pad ``[B, T, H, *D]`` with zeros to a multiple of ``chunk_size`` tokens; contiguous result."""
+    pad = (-x.shape[1]) % chunk_size
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+    return x.contiguous()
+
+
+def chunk_view(x: Tensor, chunk_size: int) -> Tensor:
+    """``[B, T, H, *D]`` (T a multiple of ``chunk_size``) as an ``[N, B, H, C, *D]`` view, no copy.
+
+    ``chunk_view(x)[n]`` is chunk ``n`` of every (batch, head) sequence; with ``.view(B * H, C, *D)``
+    on a contiguous chunk-layout buffer it is the bridge between fla's layout and the chunk layout,
+    one chunk at a time. Splitting the time dim is a view for any strides (also expanded tensors).
+    """
+    B, T, H = x.shape[:3]
+    x = x.view(B, T // chunk_size, chunk_size, H, *x.shape[3:])
+    return x.permute(1, 0, 3, 2, *range(4, x.dim()))
+
+
 def lower_mask(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
     """Boolean ``[n, n]`` mask, True on and below ``diagonal`` (``-1`` = strictly lower)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)

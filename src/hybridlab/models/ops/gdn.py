@@ -41,8 +41,10 @@ from hybridlab.models.ops.common import (
     compute_dtype,
     expand_gva,
     fla_op,
+    chunk_view,
     from_chunks,
     l2norm,
+    pad_time,
     pairwise_decay,
     resolve_scale,
     to_chunks,
@@ -98,15 +100,19 @@ def _addmm_(out: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
     return out
 
 
-def _gdn_forward(q, k, v, g, beta, scale, h0):
-    """Chunked forward on ``[N, Z, C, *]`` tensors; returns the output, final state and saved tensors.
+def _gdn_forward(q, k, v, g, beta, scale, h0, C):
+    """Chunked forward; returns the output ``[B, T, H, V]``, the final state and the saved tensors.
 
+    Inputs are in fla's layout with ``T`` a multiple of ``C``. q, k, g and beta are moved to the chunk
+    layout for the batched products; v and the output stay in ``[B, T, H, V]`` and are read and
+    written one chunk at a time through :func:`chunk_view` into small reused buffers that stay in cache.
     ``q`` stays unscaled: ``scale`` is folded into the GEMM that forms ``P`` and into ``Q_g``'s gate.
     ``KD`` is kept strictly lower (zero diagonal), which is all ``A`` needs and lets the backward form
-    ``dA * KD`` without masking. ``V_b``'s buffer holds ``V_b - K_bg S`` and then the output, chunk by chunk.
+    ``dA * KD`` without masking.
     """
-    N, Z, C, K = k.shape
-    V = v.shape[-1]
+    B, T, H, V = v.shape
+    q, k, g, beta = (to_chunks(x, C, x.dtype) for x in (q, k, g, beta))
+    N, Z, _, K = k.shape
     b = g.cumsum(-1)
     D = pairwise_decay(b)
     gam = b.exp()
@@ -120,33 +126,37 @@ def _gdn_forward(q, k, v, g, beta, scale, h0):
     # the scaled rows are formed one chunk at a time in the scans (small reused buffers that stay in cache)
     fq, fkb, fd = (scale * gam)[..., None], (beta * gam)[..., None], delta[..., None]
     Qg, Kbg, Kd = (k.new_empty(Z, C, K) for _ in range(3))
-    Vb = v * beta[..., None]
-    Vn = torch.empty_like(v)
+    XO = v.new_empty(Z, C, V)  # per chunk: V_b, then X = V_b - K_bg S, then the output
+    XO4 = XO.view(B, H, C, V)
+    Vn = v.new_empty(N, Z, C, V)
     S_all = k.new_empty(N + 1, Z, K, V)  # S_all[n] = state entering chunk n
     if h0 is None:
         S_all[0].zero_()
     else:
         S_all[0].copy_(h0)
-    O = Vb
-    for n in range(N):
+    o = v.new_empty(B, T, H, V)
+    beta4 = beta.view(N, B, H, C, 1)
+    for n, (v_n, o_n) in enumerate(zip(chunk_view(v, C).unbind(0), chunk_view(o, C).unbind(0))):
         S = S_all[n]
         torch.mul(k[n], fkb[n], out=Kbg)
         torch.mul(k[n], fd[n], out=Kd)
         torch.mul(q[n], fq[n], out=Qg)
-        X = Vb[n].baddbmm_(Kbg, S, alpha=-1.0)  # V_b - K_bg S, in place: V_b[n] is read only here
+        torch.mul(v_n, beta4[n], out=XO4)  # V_b = diag(beta) V, gathered from v's own layout
+        X = XO.baddbmm_(Kbg, S, alpha=-1.0)  # V_b - K_bg S
         torch.bmm(Tinv[n], X, out=Vn[n])  # V_new = U - W S = T X
         torch.mul(S, Gam[n, :, None, None], out=S_all[n + 1]).baddbmm_(Kd.mT, Vn[n])
-        torch.bmm(P[n], Vn[n], out=O[n]).baddbmm_(Qg, S)  # O[n] takes X's place
+        torch.bmm(P[n], Vn[n], out=XO).baddbmm_(Qg, S)  # the output takes X's place
+        o_n.copy_(XO4)
     saved = (q, k, v, beta, D, gam, Gam, delta, KD, Tinv, S_all, Vn, P)  # S_all[N]: final state
-    return O, S_all[N], saved
+    return o, S_all[N], saved
 
 
 def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
-    """Hand-written backward of :func:`_gdn_forward` (same chunk layout)."""
+    """Hand-written backward of :func:`_gdn_forward`: gradients in fla's layout, like its inputs."""
     q, k, v, beta, D, gam, Gam, delta, KD, Tinv, S_all, Vn, P = saved
     S = S_all[:-1]  # S[n]: state entering chunk n
     N, Z, C, K = k.shape
-    V = v.shape[-1]
+    B, T, H, V = v.shape
     P_T, Tinv_T, Vn_T, S_T = P.mT, Tinv.mT, Vn.mT, S.mT
     fq, fkb, fd = (scale * gam)[..., None], (beta * gam)[..., None], delta[..., None]
     Qg, Kbg, Kd = (k.new_empty(Z, C, K) for _ in range(3))  # per-chunk rows, as in the forward
@@ -154,11 +164,12 @@ def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
     # after which it is turned in place into the gradient w.r.t. the state entering the chunk (one
     # [Z, K, V] buffer instead of one per chunk).
     dS_next = k.new_empty(Z, K, V).copy_(dhT)  # autograd passes zeros when the final state is unused
-    dVn = v.new_empty(Z, C, V)  # per-chunk scratch: the gradient w.r.t. V_new
-    # A non-contiguous dO (e.g. the expanded ones of a .sum() loss, permuted by from_chunks) is copied
-    # one chunk at a time into a reused, cache-resident buffer instead of materialised whole.
-    dO_buf = None if dO.is_contiguous() else v.new_empty(Z, C, V)
-    dVb = torch.empty_like(v)
+    # Per-chunk scratch that stays in cache: dO gathered from its own layout (any strides, e.g. the
+    # expanded ones of a .sum() loss), and the gradients w.r.t. V_new and V_b.
+    dOn, dVn, dVb = (v.new_empty(Z, C, V) for _ in range(3))
+    dO_chunks, v_chunks = chunk_view(dO, C), chunk_view(v, C)
+    dv = v.new_empty(B, T, H, V)
+    dv_chunks = chunk_view(dv, C)
     dKd, dQg, nKbg = torch.empty_like(k), torch.empty_like(k), torch.empty_like(k)
     dP, nA = torch.empty_like(P), torch.empty_like(P)
     dbeta_v = beta.new_empty(N, Z, C)
@@ -167,23 +178,23 @@ def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
     #   dA = -T^T (dV_new X^T) T^T = -strict_lower(dV_b V_new^T).
     # The minus signs are folded into per-token factors below (nKbg = -dK_bg, nA = -dA).
     for n in range(N - 1, -1, -1):
-        dOn = dO[n] if dO_buf is None else dO_buf.copy_(dO[n])
+        dOn.view(B, H, C, V).copy_(dO_chunks[n])
         torch.mul(k[n], fkb[n], out=Kbg)
         torch.mul(k[n], fd[n], out=Kd)
         torch.mul(q[n], fq[n], out=Qg)
         torch.bmm(P_T[n], dOn, out=dVn).baddbmm_(Kd, dS_next)
-        torch.bmm(Tinv_T[n], dVn, out=dVb[n])
+        torch.bmm(Tinv_T[n], dVn, out=dVb)
         torch.bmm(Vn[n], dS_next.mT, out=dKd[n])
         dS = dS_next.mul_(Gam[n, :, None, None])  # dS' is read for the last time above
-        dS.baddbmm_(Qg.mT, dOn).baddbmm_(Kbg.mT, dVb[n], alpha=-1.0)  # W^T dV_new = K_bg^T dV_b
+        dS.baddbmm_(Qg.mT, dOn).baddbmm_(Kbg.mT, dVb, alpha=-1.0)  # W^T dV_new = K_bg^T dV_b
         torch.bmm(dOn, S_T[n], out=dQg[n])
         torch.bmm(dOn, Vn_T[n], out=dP[n])
-        torch.bmm(dVb[n], S_T[n], out=nKbg[n])
-        torch.bmm(dVb[n], Vn_T[n], out=nA[n])  # only its strict lower triangle is read
-        # dV_b is read for the last time: dbeta gets v . dV_b, then dV_b becomes dv = diag(beta) dV_b,
-        # in place while the chunk is in cache
-        torch.linalg.vecdot(dVb[n], v[n], out=dbeta_v[n])
-        dVb[n].mul_(beta[n, :, :, None])
+        torch.bmm(dVb, S_T[n], out=nKbg[n])
+        torch.bmm(dVb, Vn_T[n], out=nA[n])  # only its strict lower triangle is read
+        # while dV_b is in cache: dbeta gets v . dV_b, and dv = diag(beta) dV_b goes to its own layout
+        dVb4 = dVb.view(B, H, C, V)
+        torch.linalg.vecdot(dVb4, v_chunks[n], out=dbeta_v[n].view(B, H, C))
+        torch.mul(dVb4, beta[n].view(B, H, C, 1), out=dv_chunks[n])
     # A = diag(beta) KD and P = scale (Q K^T) * D; with D_ij = exp(b_i - b_j) the log-decay gradient is
     # db_i = sum_j E_ij - sum_j E_ji, E = dA * A + dP * P. KD is strictly lower, so E is too.
     E = nA * KD  # -dA * KD
@@ -192,11 +203,15 @@ def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
     db = E.sum(-1) - E.sum(-2)
     dKK = nA.tril_(-1).mul_(D).mul_(-beta[..., :, None])  # the gradient of K K^T through A
     dQK = dP.mul_(D)  # the gradient of Q K^T through P, without the scale
-    dq = _bmm(dQK, k, scale).addcmul_(dQg, fq)
-    dk = torch.add(dKK, dKK.mT, out=E) @ k  # E is dead
-    _addmm_(dk, dQK.mT, q, alpha=scale)
-    dk.addcmul_(nKbg, fkb, value=-1.0).addcmul_(dKd, fd)
-    dv = dVb  # scaled by beta in the scan
+    # dq and dk: the last term of each is written straight into fla's layout
+    as5 = lambda x: x.view(N, B, H, C, x.shape[-1])  # noqa: E731  [N, Z, C, D] -> [N, B, H, C, D]
+    dq = q.new_empty(B, T, H, K)
+    torch.addcmul(as5(_bmm(dQK, k, scale)), as5(dQg), as5(fq), out=chunk_view(dq, C))
+    dk_c = torch.add(dKK, dKK.mT, out=E) @ k  # E is dead
+    _addmm_(dk_c, dQK.mT, q, alpha=scale)
+    dk_c.addcmul_(nKbg, fkb, value=-1.0)
+    dk = k.new_empty(B, T, H, K)
+    torch.addcmul(as5(dk_c), as5(dKd), as5(fd), out=chunk_view(dk, C))
     # Per-token dot products, taken in place on buffers that are dead by now: a fresh temporary of
     # their size would cost a first touch of new memory.
     dbeta += dbeta_v
@@ -221,41 +236,43 @@ def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
     tail += torch.linalg.vecdot(S_all[N].flatten(-2), dhT.reshape(Z, -1).to(S_all.dtype))
     db[..., -1] += tail
     dg = db.flip(-1).cumsum(-1).flip(-1)
+    dg, dbeta = (from_chunks(x[..., None], B, H, T)[..., 0] for x in (dg, dbeta))
     return dq, dk, dv, dg, dbeta, (dS_next if need_dh0 else None)
 
 
 class _ChunkGDN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, h0):
-        O, hT, saved = _gdn_forward(q, k, v, g, beta, scale, h0)
+    def forward(ctx, q, k, v, g, beta, scale, h0, C):
+        o, hT, saved = _gdn_forward(q, k, v, g, beta, scale, h0, C)
         ctx.save_for_backward(*saved)
         ctx.scale = scale
         ctx.has_h0 = h0 is not None
-        return O, hT
+        return o, hT
 
     @staticmethod
     def backward(ctx, dO, dhT):
         grads = _gdn_backward(dO, dhT, ctx.saved_tensors, ctx.scale, ctx.has_h0)
         dq, dk, dv, dg, dbeta, dh0 = grads
-        return dq, dk, dv, dg, dbeta, None, dh0
+        return dq, dk, dv, dg, dbeta, None, dh0, None
 
 
 def _chunk_gdn_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, C):
     q, k = expand_gva(q, k, v)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    dtype = compute_dtype(q)
-    q, k = q.to(dtype), k.to(dtype)
+    dtype, out_dtype = compute_dtype(q), v.dtype
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    chunks = [to_chunks(x, C, dtype) for x in (q, k, v, g, beta)]
+    # right-pad to whole chunks with neutral tokens (see common.to_chunks); autograd drops their gradients
+    q, k, v, g, beta = (pad_time(x, C) for x in (q, k, v, g, beta))
     scale = resolve_scale(scale, K)
     h0 = None if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (*chunks, h0)):
-        O, hT = _ChunkGDN.apply(*chunks, scale, h0)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, h0)):
+        o, hT = _ChunkGDN.apply(q, k, v, g, beta, scale, h0, C)
     else:
-        O, hT, _ = _gdn_forward(*chunks, scale, h0)
-    o = from_chunks(O, B, H, T).to(v.dtype)
+        o, hT, _ = _gdn_forward(q, k, v, g, beta, scale, h0, C)
+    o = o[:, :T].to(out_dtype)
     return o, (hT.reshape(B, H, K, V) if output_final_state else None)
 
 
