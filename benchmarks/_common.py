@@ -16,10 +16,12 @@
     T K_bg (C^2 K), T V_b and P V_new (C^2 V each), W S, K_d^T V_new, Q_g S (C K V each). GLA: the q
     scores (C^2 K + c C K), P V (C^2 V), Q_g S and K_d^T V (C K V each). Both use autograd, whose
     backward is two products per forward product: forward + backward = 3 x forward.
+- `int_at_least(minimum)`: an argparse type for counts, so a bad value is a one-line usage error.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -61,3 +63,16 @@ def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> t
         scores = 2 * (C * C * K + c * C * K)
         fwd = scores + 2 * (C * C * V + 2 * C * K * V)
     return chunks * fwd, chunks * 3 * fwd
+
+
+def int_at_least(minimum: int):
+    """argparse type: an integer >= `minimum`, else a one-line usage error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+    return parse

@@ -15,14 +15,18 @@ is the faster tile at these shapes (smaller C x C work per token; see ``ops/gdn.
 ``--gdn-chunk 64`` to time it at the references' tile.
 
 Contenders run interleaved, round after round, so background load hits them alike; the reported
-time is the median over rounds after one warm-up round (the JSON also has the minimum). Other
+time is the median over rounds after one warm-up round (the JSON also has the minimum), and each
+speed-up is the ratio of those medians. The per-round ratios (same round, back to back) are printed
+as a range and kept in the JSON, so a run shows how much the machine moved under it: on the 2-core
+development machine single runs of the GDN comparison ranged 3.7-4.8x while the median of runs was 4.2x
+(fla's naive chunk alone swings 140-170 ms with the page faults of its autograd graph). Other
 processes on the machine distort the ratios (every op is an OpenMP barrier that waits for a
 descheduled thread), so compare on an otherwise idle machine. It also measures this machine's fp32 matmul
 throughput and reports, for each ``hybridlab`` op, the achieved fraction of it from an analytic count
 of the op's matmul FLOPs (triangular inverses and element-wise work not counted). The last printed
 line is one JSON object with every time and ratio.
 
-    python benchmarks/mixers.py [--reps 5] [--ops gdn kda gla]
+    python benchmarks/mixers.py [--reps 9] [--ops gdn kda gla]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from _common import chunked_op_matmul_flops, measure_matmul_gflops
+from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
 from hybridlab.models import ops
 
 with warnings.catch_warnings():  # fla warns that Triton cannot run on a CPU-only machine
@@ -137,6 +141,8 @@ def bench_op(kind: str, reps: int, peak_gflops: float, gdn_chunk: int) -> dict:
             continue
         for mode in ("fwd", "fwdbwd"):
             result[f"speedup_{mode}_vs_{name}"] = result[f"{name}_{mode}_ms"] / result[f"hybridlab_{mode}_ms"]
+            per_round = [a / b for a, b in zip(times[name][mode], times["hybridlab"][mode])]
+            result[f"speedup_{mode}_vs_{name}_per_round"] = per_round
     flops_fwd, flops_fwdbwd = matmul_flops(kind, gdn_chunk if kind == "gdn" else C)
     for mode, flops in (("fwd", flops_fwd), ("fwdbwd", flops_fwdbwd)):
         gflops = flops / (result[f"hybridlab_{mode}_ms"] / 1e3) / 1e9
@@ -147,9 +153,9 @@ def bench_op(kind: str, reps: int, peak_gflops: float, gdn_chunk: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reps", type=int, default=5, help="timed rounds per contender (median reported)")
+    parser.add_argument("--reps", type=int_at_least(1), default=9, help="timed rounds per contender (median reported)")
     parser.add_argument("--ops", nargs="+", default=["gdn", "kda", "gla"], choices=["gdn", "kda", "gla"])
-    parser.add_argument("--gdn-chunk", type=int, default=32, help="chunk (tile) of hybridlab's GDN op")
+    parser.add_argument("--gdn-chunk", type=int_at_least(1), default=32, help="chunk (tile) of hybridlab's GDN op")
     args = parser.parse_args()
     torch.manual_seed(0)
     peak = max(measure_matmul_gflops().values())
@@ -166,8 +172,9 @@ def main() -> None:
         for name in names:
             print(f"  {name:24s} fwd {res[f'{name}_fwd_ms']:9.1f} ms   fwd+bwd {res[f'{name}_fwdbwd_ms']:9.1f} ms")
         for name in names[1:]:
+            rounds = res[f"speedup_fwdbwd_vs_{name}_per_round"]
             print(f"  speed-up vs {name:22s} fwd {res[f'speedup_fwd_vs_{name}']:5.2f}x   "
-                  f"fwd+bwd {res[f'speedup_fwdbwd_vs_{name}']:5.2f}x")
+                  f"fwd+bwd {res[f'speedup_fwdbwd_vs_{name}']:5.2f}x (rounds {min(rounds):.2f}-{max(rounds):.2f}x)")
         print(f"  hybridlab achieved {res['hybridlab_fwd_gflops']:.1f} / {res['hybridlab_fwdbwd_gflops']:.1f} "
               f"GFLOP/s (fwd / fwd+bwd) = {100 * res['hybridlab_fwd_fraction_of_matmul_peak']:.0f}% / "
               f"{100 * res['hybridlab_fwdbwd_fraction_of_matmul_peak']:.0f}% of matmul throughput")

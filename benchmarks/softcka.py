@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
+from _common import int_at_least
 from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states
 from hybridlab.eval.softcka import rff_sentence_gram, sentence_gram, soft_cka
@@ -57,13 +58,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="tiny", help="results/<phase>/<scale> to read the teacher and corpus from")
     ap.add_argument("--lang", default="fra_Latn", help="the language paired with English")
-    ap.add_argument("--n", type=int, default=1000, help="sentence pairs")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (the 2-core target machine)")
-    ap.add_argument("--reps", type=int, default=3, help="timed rounds after one warm-up round")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--block-tokens", type=int, default=1024, help="exact path: rows (distinct token vectors) per Gram block")
-    ap.add_argument("--rff-features", type=int, default=1024)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n", type=int_at_least(1), default=1000, help="sentence pairs")
+    ap.add_argument("--threads", type=int_at_least(1), default=2, help="torch threads (the 2-core target machine)")
+    ap.add_argument("--reps", type=int_at_least(1), default=3, help="timed rounds after one warm-up round")
+    ap.add_argument("--batch-size", type=int_at_least(1), default=64)
+    ap.add_argument("--block-tokens", type=int_at_least(1), default=1024, help="exact path: rows (distinct token vectors) per Gram block")
+    ap.add_argument("--rff-features", type=int_at_least(1), default=1024)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

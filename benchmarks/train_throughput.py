@@ -65,7 +65,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from _common import chunked_op_matmul_flops, measure_matmul_gflops
+from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
 from hybridlab.config import load, resolve
 from hybridlab.errors import HybridlabError
 from hybridlab.train.config import TrainConfig
@@ -274,19 +274,6 @@ def run_benchmark(setup: Setup, steps: int, warmup: int) -> dict[str, float]:
 
 
 # ---- command line ------------------------------------------------------------------------------------
-def int_at_least(minimum: int):
-    """argparse type: an integer >= `minimum`, else a one-line usage error."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-    return parse
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int_at_least(1), default=5, help="timed updates per benchmark (median reported)")
