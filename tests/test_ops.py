@@ -213,6 +213,32 @@ def test_gdn_gradients_match_naive_fp32(chunk_size):
         assert ((a - b).norm() / b.norm()) < 1e-4
 
 
+@pytest.mark.parametrize("grad_kind", ["transposed", "expanded"])
+def test_gdn_non_contiguous_inputs_and_output_gradient(grad_kind):
+    # the op reads v and the output gradient chunk by chunk from their own layout, whatever the strides:
+    # q/k/v as slices of one fused projection, an output gradient that is a transposed tensor or the
+    # expanded ones of a .sum() loss (T a multiple of the chunk, so it reaches the op's backward as it is)
+    gen = torch.Generator().manual_seed(6)
+    B, T, H, K, V = 2, 48, 3, 8, 6
+    qkv = torch.randn(B, T, H, 2 * K + V, dtype=torch.float64, generator=gen)
+    q, k, v = qkv[..., :K], F.normalize(qkv[..., K:2 * K], dim=-1), qkv[..., 2 * K:]
+    assert not v.is_contiguous()
+    g = F.logsigmoid(torch.randn(B, T, H, dtype=torch.float64, generator=gen))
+    beta = torch.rand(B, T, H, dtype=torch.float64, generator=gen)
+    w_o = torch.randn(B, H, T, V, dtype=torch.float64, generator=gen).transpose(1, 2)  # [B, T, H, V], strided
+    if grad_kind == "expanded":
+        w_o = torch.ones((), dtype=torch.float64).expand(B, T, H, V)
+    wanted = [qkv.requires_grad_(), g.requires_grad_(), beta.requires_grad_()]
+
+    def run(fn, **kw):
+        q, k, v = qkv[..., :K], F.normalize(qkv[..., K:2 * K], dim=-1), qkv[..., 2 * K:]
+        o = fn(q, k, v, g, beta, **kw)[0]
+        return (o, *torch.autograd.grad(o, wanted, grad_outputs=w_o))
+
+    for a, b in zip(run(ops.chunk_gated_delta_rule, chunk_size=16), run(ops.naive_recurrent_gdn)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_strong_decay_is_stable(kind):
     # log-decays of -40 per token: exp(+b) of the cumulative decay would overflow fp32 within 3 tokens
@@ -270,6 +296,17 @@ def test_per_channel_scores_match_brute_force(C):
     (P,) = common.per_channel_scores([x], k, b)
     brute = torch.einsum("nzid,nzjd,nzijd->nzij", x, k, (b[:, :, :, None] - b[:, :, None, :]).exp())
     torch.testing.assert_close(P, brute.tril(), rtol=1e-12, atol=1e-12)
+
+
+def test_chunk_view_is_the_chunk_layout_without_a_copy():
+    x = torch.arange(2 * 12 * 3 * 5, dtype=torch.float32).reshape(2, 12, 3, 5)
+    view = common.chunk_view(x, 4)  # [N, B, H, C, D]
+    assert view.shape == (3, 2, 3, 4, 5) and view.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(view.reshape(3, 6, 4, 5), common.to_chunks(x, 4, torch.float32))
+    view[1, 0, 2].fill_(-1.0)  # chunk 1 (tokens 4..7) of batch 0, head 2 is written through to x
+    assert (x[0, 4:8, 2] == -1).all() and (x[0, :4, 2] != -1).all() and (x[0, 8:, 2] != -1).all()
+    padded = common.pad_time(x[:, :10], 4)  # neutral zeros up to a whole chunk, contiguous
+    assert padded.shape == (2, 12, 3, 5) and padded.is_contiguous() and (padded[:, 10:] == 0).all()
 
 
 def test_unit_lower_inverse():
