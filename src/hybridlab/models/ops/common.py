@@ -123,11 +123,9 @@ def from_chunks(x_NZCD: Tensor, batch: int, heads: int, seq_len: int) -> Tensor:
 
 
 def pad_time(x: Tensor, chunk_size: int) -> Tensor:
-    """Right-pad ``[B, T, H, *D]`` with zeros to a multiple of ``chunk_size`` tokens; contiguous result."""
+    """Right-pad ``[B, T, H, *D]`` with zeros to a multiple of ``chunk_size`` tokens (``x`` itself if it is one)."""
     pad = (-x.shape[1]) % chunk_size
-    if pad:
-        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
-    return x.contiguous()
+    return F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad)) if pad else x
 
 
 def chunk_view(x: Tensor, chunk_size: int) -> Tensor:

@@ -217,7 +217,9 @@ def _gdn_backward(dO, dhT, saved, scale: float, need_dh0: bool):
     dKK = nA.tril_(-1).mul_(D).mul_(-beta[..., :, None])  # the gradient of K K^T through A
     dQK = dP.mul_(D)  # the gradient of Q K^T through P, without the scale
     # dq and dk: the last term of each is written straight into fla's layout
-    as5 = lambda x: x.view(N, B, H, C, x.shape[-1])  # noqa: E731  [N, Z, C, D] -> [N, B, H, C, D]
+    def as5(x):  # [N, Z, C, D] -> [N, B, H, C, D], the shape of chunk_view
+        return x.view(N, B, H, C, x.shape[-1])
+
     dq = q.new_empty(B, T, H, K)
     torch.addcmul(as5(_bmm(dQK, k, scale)), as5(dQg), as5(fq), out=chunk_view(dq, C))
     dk_c = torch.add(dKK, dKK.mT, out=E) @ k  # E is dead
