@@ -75,9 +75,9 @@ def _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, C):
     Gam = b_last.mT.exp()  # [N, Z, K, 1]
     S = S.reshape(Z, K, V)
     states = []
-    for n in range(N):
+    for Gam_n, R_n in zip(Gam.unbind(0), R.unbind(0)):  # unbind: see ops/kda.py
         states.append(S)
-        S = Gam[n] * S + R[n]
+        S = Gam_n * S + R_n
     O = (q * b.exp()) @ torch.stack(states) + P @ v
     o = from_chunks(O, B, H, T).to(out_dtype)
     return o, (S.reshape(B, H, K, V) if output_final_state else None)

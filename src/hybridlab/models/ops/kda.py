@@ -100,10 +100,12 @@ def _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, u
     Gam = b_last.mT.exp()  # [N, Z, K, 1]
     S = S.reshape(Z, K, V)
     states, v_new = [], []
-    for n in range(N):
+    # unbind, not U[n]: autograd then stacks the per-chunk gradients once, where indexing would give
+    # every chunk a zero-filled gradient of the whole tensor (N^2 memory traffic in the backward)
+    for U_n, W_n, Gam_n, Kd_T_n in zip(*(x.unbind(0) for x in (U, W, Gam, Kd_T))):
         states.append(S)
-        Vn = torch.baddbmm(U[n], W[n], S, alpha=-1.0)
-        S = torch.baddbmm(Gam[n] * S, Kd_T[n], Vn)
+        Vn = torch.baddbmm(U_n, W_n, S, alpha=-1.0)
+        S = torch.baddbmm(Gam_n * S, Kd_T_n, Vn)
         v_new.append(Vn)
     S_all = torch.stack(states)
     O = (q * gam) @ S_all + P @ torch.stack(v_new)
