@@ -98,30 +98,6 @@ def expand_gva(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
 
 
-def to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype) -> Tensor:
-    """``[B, T, H, *D]`` -> chunk layout ``[N, B*H, C, *D]`` in ``dtype``, right-padded with zeros.
-
-    Chunk-major order makes ``x[n]`` contiguous, so the sequential scan over chunks writes and reads
-    whole contiguous ``[Z, ...]`` slabs.
-    """
-    B, T, H = x.shape[:3]
-    pad = (-T) % chunk_size
-    x = x.to(dtype)
-    if pad:
-        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
-    n_chunks = (T + pad) // chunk_size
-    x = x.reshape(B, n_chunks, chunk_size, H, *x.shape[3:])
-    x = x.permute(1, 0, 3, 2, *range(4, x.dim()))  # [N, B, H, C, *D]
-    return x.reshape(n_chunks, B * H, chunk_size, *x.shape[4:]).contiguous()
-
-
-def from_chunks(x_NZCD: Tensor, batch: int, heads: int, seq_len: int) -> Tensor:
-    """Inverse of :func:`to_chunks` for ``[N, Z, C, D]``: drops the padding, returns ``[B, T, H, D]``."""
-    N, _, C, D = x_NZCD.shape
-    x = x_NZCD.reshape(N, batch, heads, C, D).permute(1, 0, 3, 2, 4).reshape(batch, N * C, heads, D)
-    return x[:, :seq_len].contiguous()
-
-
 def pad_time(x: Tensor, chunk_size: int) -> Tensor:
     """Right-pad ``[B, T, H, *D]`` with zeros to a multiple of ``chunk_size`` tokens (``x`` itself if it is one)."""
     pad = (-x.shape[1]) % chunk_size
@@ -138,6 +114,24 @@ def chunk_view(x: Tensor, chunk_size: int) -> Tensor:
     B, T, H = x.shape[:3]
     x = x.view(B, T // chunk_size, chunk_size, H, *x.shape[3:])
     return x.permute(1, 0, 3, 2, *range(4, x.dim()))
+
+
+def to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype) -> Tensor:
+    """``[B, T, H, *D]`` -> chunk layout ``[N, B*H, C, *D]`` in ``dtype``, right-padded with zeros.
+
+    Chunk-major order makes ``x[n]`` contiguous, so the sequential scan over chunks writes and reads
+    whole contiguous ``[Z, ...]`` slabs.
+    """
+    B, _, H = x.shape[:3]
+    x = chunk_view(pad_time(x.to(dtype), chunk_size), chunk_size)  # [N, B, H, C, *D]
+    return x.reshape(x.shape[0], B * H, chunk_size, *x.shape[4:]).contiguous()
+
+
+def from_chunks(x_NZCD: Tensor, batch: int, heads: int, seq_len: int) -> Tensor:
+    """Inverse of :func:`to_chunks` for ``[N, Z, C, D]``: drops the padding, returns ``[B, T, H, D]``."""
+    N, _, C, D = x_NZCD.shape
+    x = x_NZCD.reshape(N, batch, heads, C, D).permute(1, 0, 3, 2, 4).reshape(batch, N * C, heads, D)
+    return x[:, :seq_len].contiguous()
 
 
 def lower_mask(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
