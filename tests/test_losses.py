@@ -1,4 +1,4 @@
-"""Losses: chunked KL vs a naive reference (values and gradients), alignment, CE, accuracy."""
+"""Losses: chunked KL and CE vs naive references (values and gradients, fp64), alignment, accuracy."""
 
 import math
 
@@ -11,9 +11,12 @@ from hybridlab.errors import HybridlabError
 from hybridlab.train.losses import (
     Projected,
     answer_accuracy,
+    ce_chunked,
     kl_forward_chunked,
     masked_ce,
     stage1_alignment_loss,
+    token_kl_chunked,
+    token_nll_chunked,
 )
 
 
@@ -146,3 +149,57 @@ def test_masked_ce_and_answer_accuracy():
     assert answer_accuracy(logits, labels, per_sequence=False).item() == pytest.approx(3 / 4)
     with pytest.raises(HybridlabError):
         masked_ce(logits, torch.full_like(labels, -100))
+
+
+@pytest.mark.parametrize("chunk_tokens,vocab_chunk", [(3, 5), (100, None), (1, 23)])
+def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens, vocab_chunk):
+    _, _, _, sh, sw, sb, mask = _setup()
+    labels = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(3))
+    labels[~mask] = -100
+    ce = ce_chunked(Projected(sh, sw, sb, 0.7), labels, -100, chunk_tokens, vocab_chunk)
+    ref = F.cross_entropy(((sh @ sw.T + sb) * 0.7).reshape(-1, 23), labels.reshape(-1), ignore_index=-100)
+    assert ce.dtype == torch.float64
+    torch.testing.assert_close(ce, ref, rtol=1e-10, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(ce, [sh, sw, sb]), torch.autograd.grad(ref, [sh, sw, sb])):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    logits = (sh @ sw.T + sb).detach().requires_grad_()
+    ce_l = ce_chunked(logits, labels, vocab_chunk=vocab_chunk)
+    ref_l = F.cross_entropy(logits.reshape(-1, 23), labels.reshape(-1))
+    torch.testing.assert_close(ce_l, ref_l, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(ce_l, logits)[0], torch.autograd.grad(ref_l, logits)[0])
+
+
+def test_token_nll_and_kl_chunked_match_naive_per_token():
+    th, tw, tb, sh, sw, sb, _ = _setup()
+    zt, zs = (th @ tw.T + tb).detach(), (sh @ sw.T + sb).detach()
+    targets = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(4))
+    want_nll = -zs.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+    for side in (Projected(sh, sw, sb), zs):
+        torch.testing.assert_close(token_nll_chunked(side, targets, chunk_tokens=3, vocab_chunk=5), want_nll)
+    logp_t, logp_s = zt.log_softmax(-1), zs.log_softmax(-1)
+    want_kl = (logp_t.exp() * (logp_t - logp_s)).sum(-1)
+    got_kl = token_kl_chunked(Projected(th, tw, tb), Projected(sh, sw, sb), chunk_tokens=4, vocab_chunk=6)
+    torch.testing.assert_close(got_kl, want_kl)
+    assert got_kl.shape == (2, 7)
+
+
+def test_projected_ce_never_materialises_full_logits():
+    B, T, D, V = 2, 16, 4, 400
+    h, w = torch.randn(B, T, D, requires_grad=True), torch.randn(V, D, requires_grad=True)
+    labels = torch.randint(0, V, (B, T))
+    with _MaxNumel() as mode:
+        ce_chunked(Projected(h, w), labels, chunk_tokens=8, vocab_chunk=100).backward()
+    assert mode.max <= max(V * D, 8 * 100)
+    assert torch.isfinite(w.grad).all() and torch.isfinite(h.grad).all()
+
+
+def test_ce_errors():
+    _, _, _, sh, sw, _, _ = _setup(bias=False)
+    with pytest.raises(HybridlabError, match=r"outside \[0, 23\)"):
+        ce_chunked(Projected(sh, sw), torch.full((2, 7), 23))
+    with pytest.raises(HybridlabError, match="do not align"):
+        ce_chunked(Projected(sh, sw), torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(HybridlabError, match="selects no token"):
+        ce_chunked(Projected(sh, sw), torch.full((2, 7), -100))
+    with pytest.raises(HybridlabError, match="chunk_tokens"):
+        ce_chunked(Projected(sh, sw), torch.zeros(2, 7, dtype=torch.long), chunk_tokens=0)
