@@ -203,3 +203,67 @@ def test_ce_errors():
         ce_chunked(Projected(sh, sw), torch.full((2, 7), -100))
     with pytest.raises(HybridlabError, match="chunk_tokens"):
         ce_chunked(Projected(sh, sw), torch.zeros(2, 7, dtype=torch.long), chunk_tokens=0)
+
+
+def _qwen(vocab=512):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
+                      max_position_embeddings=16)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def test_causal_lm_task_and_heldout_ce_chunked_match_full_logits_and_never_build_them():
+    from hybridlab.eval.perplexity import evaluate_perplexity
+    from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language
+
+    model, teacher = _qwen(), copy_with_noise(_qwen())
+    B, T, V = 4, 16, 512  # B*T*V = 32768 > the largest weight (V*D = 16384)
+    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(2))
+    logits = model(input_ids=ids).logits
+    ref = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
+    task = CausalLMTask(chunk_tokens=8, vocab_chunk=100)
+    with _MaxNumel() as mode:
+        loss, _ = task.loss(model, ids)
+        loss.backward()
+    assert mode.max < B * T * V
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+    data = _Rows(ids, ["a", "b", "a", "a"])
+    with _MaxNumel() as mode:
+        ce = heldout_ce_by_language(model, data, max_rows_per_language=2, batch_size=2, chunk_tokens=8)
+        table = evaluate_perplexity(model, ids, data.langs, model_name="m", teacher=teacher, batch_size=4,
+                                    chunk_tokens=8, vocab_chunk=100)
+    assert mode.max < B * T * V
+    with torch.no_grad():
+        nll = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), reduction="none").view(B, -1)
+        logp_t, logp_s = teacher(input_ids=ids).logits[:, :-1].log_softmax(-1), logits[:, :-1].log_softmax(-1)
+        kl = (logp_t.exp() * (logp_t - logp_s)).sum(-1)
+    assert ce["ce/a"] == pytest.approx(nll[[0, 2]].mean().item(), rel=1e-5)  # the first 2 "a" rows
+    assert ce["ce/b"] == pytest.approx(nll[1].mean().item(), rel=1e-5)
+    rows = {r["lang"]: r for r in table.to_dicts()}
+    assert rows["a"]["ce"] == pytest.approx(nll[[0, 2, 3]].mean().item(), rel=1e-5)
+    assert rows["a"]["kl"] == pytest.approx(kl[[0, 2, 3]].mean().item(), rel=1e-4, abs=1e-7)
+    assert rows["b"]["kl"] == pytest.approx(kl[1].mean().item(), rel=1e-4, abs=1e-7)
+
+
+class _Rows(list):
+    """A PackedDataset stand-in: rows with one language each."""
+
+    def __init__(self, rows, langs):
+        super().__init__(rows)
+        self.langs = langs
+
+
+def copy_with_noise(model, scale=0.05):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return model

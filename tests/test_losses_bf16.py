@@ -146,3 +146,33 @@ def test_ce_and_kl_on_bf16_full_logits_match_autograd():
     _close(g_kl, w_kl, "kl logits")
     torch.testing.assert_close(token_kl_chunked(zt, zs, 16, 300), (lt.exp() * (lt - ls)).sum(-1).detach(),
                                rtol=1e-4, atol=2e-5)  # fp32 cancellation in a sum of ~1e-3
+
+
+def _qwen(vocab=512, seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
+                      max_position_embeddings=16)
+    return Qwen3ForCausalLM(cfg)
+
+
+def test_causal_lm_task_under_bf16_equals_cross_entropy_of_the_models_own_logits():
+    """CausalLMTask (decoder stack + chunked CE) vs F.cross_entropy of the model's bf16 logits."""
+    from hybridlab.train.tasks import CausalLMTask
+
+    model = _qwen()
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(1))
+    params = [p for p in model.parameters()]
+    with torch.autocast(**BF16):
+        loss, _ = CausalLMTask(chunk_tokens=7, vocab_chunk=200).loss(model, ids)
+    got = torch.autograd.grad(loss, params)
+    with torch.autocast(**BF16):
+        logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16
+    ref = F.cross_entropy(logits[:, :-1].float().reshape(-1, 512), ids[:, 1:].reshape(-1))
+    want = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip(model.named_parameters(), got, want):
+        _close(a, b, name)

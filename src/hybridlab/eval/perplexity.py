@@ -8,6 +8,9 @@ Definitions:
   (pooled over rows, not a mean of row means); ppl = exp(ce).
 - kl(lang) = token mean over the same positions of KL(teacher || student) of the next-token
   distributions, sum_v p_T(v) (log p_T(v) - log p_S(v)), the stage-2 distillation objective's direction.
+- `evaluate_perplexity` never builds `[B, T, V]` logits for transformers causal LMs: ce and kl come
+  from the final hidden states and the head, chunk by chunk (`train.losses.token_nll_chunked` /
+  `token_kl_chunked`, fp32 reductions); `token_nll` / `token_kl` remain for callers that hold logits.
 - tokens_to_reach(tokens, loss, target): the first training-token count at which the logged loss curve
   reaches loss <= target, linearly interpolated between the two logged points around the first
   crossing; the first point itself if it is already <= target; None if never. Smooth noisy curves
@@ -50,10 +53,33 @@ def token_kl(teacher_logits_BTV: torch.Tensor, student_logits_BTV: torch.Tensor)
     return (logp_t.exp() * (logp_t - logp_s)).sum(-1)
 
 
+def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, ids_BT: torch.Tensor, chunk_tokens: int,
+                    vocab_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it."""
+    from hybridlab.train.losses import token_kl_chunked, token_nll_chunked
+    from hybridlab.train.tasks import logits_side, next_token_labels
+
+    # Every position is scored (the last against a dummy target) and then dropped: no side is sliced.
+    side = logits_side(model, ids_BT, use_cache=False)
+    if isinstance(side, torch.Tensor) and side.shape[:2] != ids_BT.shape:
+        raise HybridlabError(f"logits {tuple(side.shape)} do not match input ids {tuple(ids_BT.shape)}")
+    nll_BT = token_nll_chunked(side, next_token_labels(ids_BT, ignore_index=0), chunk_tokens, vocab_chunk)
+    if teacher is None:
+        return nll_BT[:, :-1].float(), None
+    kl_BT = token_kl_chunked(logits_side(teacher, ids_BT, use_cache=False), side, chunk_tokens, vocab_chunk)
+    return nll_BT[:, :-1].float(), kl_BT[:, :-1].float()
+
+
 def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequence[str], *,
                         model_name: str, teacher: nn.Module | None = None, pad_id: int | None = None,
-                        batch_size: int = 8, device: str | torch.device | None = None) -> pl.DataFrame:
-    """Tidy rows (model, lang, n_tokens, ce, ppl, kl) over packed rows [N, T]; kl is null without a teacher."""
+                        batch_size: int = 8, device: str | torch.device | None = None, chunk_tokens: int = 1024,
+                        vocab_chunk: int | None = None) -> pl.DataFrame:
+    """Tidy rows (model, lang, n_tokens, ce, ppl, kl) over packed rows [N, T]; kl is null without a teacher.
+
+    Transformers causal LMs are scored from their final hidden states chunk by chunk
+    (`hybridlab.train.tasks.logits_side`, `chunk_tokens` rows x `vocab_chunk` columns of logits at a
+    time), so no `[B, T, V]` tensor is built; other modules' full logits are scored as given.
+    """
     if input_ids.dim() != 2 or input_ids.shape[1] < 2:
         raise HybridlabError(f"input_ids must be [N, T] with T >= 2, got {tuple(input_ids.shape)}")
     if len(langs) != input_ids.shape[0]:
@@ -70,11 +96,7 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
         for b0 in range(0, input_ids.shape[0], batch_size):
             ids_BT = input_ids[b0:b0 + batch_size].to(dev)
             with torch.inference_mode():
-                logits = model(input_ids=ids_BT, use_cache=False).logits
-                nll_BT = token_nll(logits, ids_BT)
-                kl_BT = None
-                if teacher is not None:
-                    kl_BT = token_kl(teacher(input_ids=ids_BT, use_cache=False).logits, logits)
+                nll_BT, kl_BT = _chunked_nll_kl(model, teacher, ids_BT, chunk_tokens, vocab_chunk)
             keep_BT = (ids_BT[:, 1:] != pad_id) if pad_id is not None else torch.ones_like(nll_BT, dtype=torch.bool)
             for r, lang in enumerate(langs[b0:b0 + batch_size]):
                 nll_sum[lang] = nll_sum.get(lang, 0.0) + float(nll_BT[r][keep_BT[r]].double().sum())

@@ -6,6 +6,12 @@ A task turns a batch into `(loss, scalars)` and counts the tokens it trains on. 
   BLD natural-language pre-training). Every position but the last predicts its successor.
 * `heldout_ce_by_language` — the evaluation used for learning curves: token-mean CE on held-out
   packed rows, overall and per language (a fixed, deterministic subset of rows).
+
+Neither materialises `[B, T, V]` logits for a transformers causal LM (`logits_side`): the decoder
+stack runs alone and the CE comes from `Projected(final hidden, lm_head)` chunk by chunk
+(`losses.ce_chunked` / `token_nll_chunked`; at 8 x 16K tokens and a 151936 vocabulary, full fp32
+logits would be ~80 GB). Other modules (plain `nn.Module`s returning logits, heads that soft-cap
+their logits) keep the logits path.
 """
 
 from __future__ import annotations
@@ -14,22 +20,44 @@ import math
 from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from hybridlab.train.losses import masked_ce
+from hybridlab.train.distill import final_hidden, lm_head_side
+from hybridlab.train.losses import Side, ce_chunked, token_nll_chunked
 
 
-def _logits(model: nn.Module, input_ids_BT: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids=input_ids_BT)
+def projects_logits(model: nn.Module) -> bool:
+    """True for transformers causal LMs whose logits are a linear head on the decoder's output."""
+    if not (callable(getattr(model, "get_decoder", None)) and callable(getattr(model, "get_output_embeddings", None))
+            and hasattr(model, "config")):
+        return False
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    return isinstance(model.get_output_embeddings(), nn.Linear) and not getattr(config, "final_logit_softcapping", None)
+
+
+def logits_side(model: nn.Module, input_ids_BT: torch.Tensor, **kwargs) -> Side:
+    """The model's logits at every position as a loss side (see module docstring); kwargs go to forward."""
+    if projects_logits(model):
+        return lm_head_side(model, final_hidden(model, input_ids_BT))
+    out = model(input_ids=input_ids_BT, **kwargs)
     return out.logits if hasattr(out, "logits") else out
 
 
+def next_token_labels(input_ids_BT: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """labels[:, t] = input_ids[:, t + 1]; the last position has no successor (ignore_index)."""
+    return F.pad(input_ids_BT[:, 1:], (0, 1), value=ignore_index)
+
+
 class CausalLMTask:
-    """Next-token CE over all positions of packed rows `[B, T]`."""
+    """Next-token CE over all positions of packed rows `[B, T]`, chunked (see module docstring)."""
+
+    def __init__(self, chunk_tokens: int = 1024, vocab_chunk: int | None = None):
+        self.chunk_tokens, self.vocab_chunk = chunk_tokens, vocab_chunk
 
     def loss(self, model: nn.Module, batch: torch.Tensor):
-        logits_BTV = _logits(model, batch)
-        loss = masked_ce(logits_BTV[:, :-1], batch[:, 1:])
+        side = logits_side(model, batch)
+        loss = ce_chunked(side, next_token_labels(batch), chunk_tokens=self.chunk_tokens, vocab_chunk=self.vocab_chunk)
         return loss, {}
 
     def num_tokens(self, batch: torch.Tensor) -> int:
@@ -38,7 +66,8 @@ class CausalLMTask:
 
 @torch.no_grad()
 def heldout_ce_by_language(model: nn.Module, dataset, *, max_rows_per_language: int, batch_size: int = 8,
-                           device: torch.device | str = "cpu") -> dict[str, float]:
+                           device: torch.device | str = "cpu", chunk_tokens: int = 1024,
+                           vocab_chunk: int | None = None) -> dict[str, float]:
     """Token-mean CE on the first `max_rows_per_language` held-out rows of each language.
 
     `dataset` indexes to LongTensor rows and has `.langs` (one language per row), like
@@ -55,11 +84,12 @@ def heldout_ce_by_language(model: nn.Module, dataset, *, max_rows_per_language: 
         nll, n = 0.0, 0
         for s in range(0, len(idx), batch_size):
             batch = torch.stack([dataset[i] for i in idx[s:s + batch_size]]).to(device)
-            logits = _logits(model, batch)[:, :-1].float()
-            targets = batch[:, 1:]
-            nll += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                     reduction="sum").item()
-            n += targets.numel()
+            # Every position is scored against a dummy successor for the last (dropped below), so the
+            # side is never sliced (a slice of full logits would be copied whole).
+            targets = next_token_labels(batch, ignore_index=0)
+            nll_BT = token_nll_chunked(logits_side(model, batch), targets, chunk_tokens, vocab_chunk)
+            nll += float(nll_BT[:, :-1].double().sum())
+            n += nll_BT[:, :-1].numel()
         out[f"ce/{lang}"] = nll / n
         total_nll, total_n = total_nll + nll, total_n + n
     out["ce"] = total_nll / max(total_n, 1)
