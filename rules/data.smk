@@ -6,8 +6,49 @@ CORPUS = {
     "mono": R("data", "corpus/mono.parquet"),
     "manifest": R("data", "corpus/manifest.json"),
 }
-TOKENIZER = R("data", "tokenizer/tokenizer.json")
-MIXTURE_FILES = ["tokens.npy", "meta.parquet", "stats.json"]
+MIXTURE_FILES = ["tokens.npy", "doc_starts.npy", "doc_offsets.npy", "meta.parquet", "stats.json"]
+
+
+def _tokenizer_plan():
+    """One tokenizer per distinct model vocabulary (hybridlab.data.tokenizer.tokenizer_plan), checked once."""
+    from hybridlab.data.tokenizer import tokenizer_plan
+
+    try:
+        return tokenizer_plan(C)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+# sources: {name: hub id / local dir / None (BPE trained here)}; teachers: {teacher: name}; bld_nl: name.
+TOK_PLAN = _tokenizer_plan()
+TOKENIZERS = list(TOK_PLAN["sources"])
+
+
+def tokenizer_dir(tok):
+    return R("data", f"tokenizer/{tok}")
+
+
+def tokenizer_file(tok):
+    return f"{tokenizer_dir(tok)}/tokenizer.json"
+
+
+def mixture_dir(tok, name):
+    """Packed mixture `name` (multilingual | english) tokenised with tokenizer `tok`."""
+    return R("data", f"mixture/{tok}/{name}")
+
+
+def mixture_files(tok, name):
+    return [f"{mixture_dir(tok, name)}/{f}" for f in MIXTURE_FILES]
+
+
+def teacher_tok(teacher):
+    return TOK_PLAN["teachers"][teacher]
+
+
+BLD_NL_TOK = TOK_PLAN["bld_nl"]
+# Every mixture the DAG builds: a multilingual one per teacher tokenizer, an English one for BLD-NL's.
+MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]] + [(t, "english") for t in TOK_PLAN["english"]]
 SR_SPLITS = ["train", "val", "test"]
 
 
@@ -55,15 +96,17 @@ rule tokenizer:
     input:
         mono=CORPUS["mono"],
     output:
-        TOKENIZER,
+        R("data", "tokenizer/{tok}/tokenizer.json"),
+    wildcard_constraints:
+        tok="|".join(TOKENIZERS),
     params:
-        outdir=R("data", "tokenizer"),
-        cfg=as_json({"vocab_size": DATA.get("tokenizer_vocab_size"), "hub_tokenizer": DATA.get("hub_tokenizer"),
-                     "seed": C["seed"]}),
+        outdir=lambda wc: tokenizer_dir(wc.tok),
+        cfg=lambda wc: as_json({"vocab_size": DATA.get("tokenizer_vocab_size"),
+                                "hub_tokenizer": TOK_PLAN["sources"][wc.tok], "seed": C["seed"]}),
     log:
-        LOG("data", "tokenizer"),
+        LOG("data", "tokenizer_{tok}"),
     benchmark:
-        BENCH("data", "tokenizer")
+        BENCH("data", "tokenizer_{tok}")
     resources:
         mem_mb=4000,
         runtime=30,
@@ -76,31 +119,36 @@ rule tokenizer:
 
 
 def mixture_params(name):
+    block_rows = 1
     if name == "multilingual":
         langs, share = DATA["mono_languages"], DATA["english_share"]
     else:  # English-only text for BLD natural-language pre-training (DCLM at paper scale)
         langs, share = [], 1.0
+        # A BLD-NL sequence joins context_len / seq_len consecutive rows: keep them together when shuffling.
+        ctx = C.get("train", {}).get("bld_nl", {}).get("context_len", DATA["seq_len"])
+        block_rows = ctx // DATA["seq_len"] if ctx % DATA["seq_len"] == 0 else 1
     return as_json({"languages": langs, "english": C["languages"]["english"], "english_share": share,
-                    "seq_len": DATA["seq_len"], "total_tokens": DATA["mixture_tokens"],
+                    "seq_len": DATA["seq_len"], "total_tokens": DATA["mixture_tokens"], "block_rows": block_rows,
                     "val_fraction": DATA["val_fraction"], "seed": C["seed"]})
 
 
 rule mixture:
-    """Tokenised, packed fixed-length sequences (one language per sequence), train/val by document."""
+    """Tokenised, packed fixed-length sequences (one language per sequence), train/val by document, per tokenizer."""
     input:
         mono=CORPUS["mono"],
-        tokenizer=TOKENIZER,
+        tokenizer=lambda wc: tokenizer_file(wc.tok),
     output:
-        [R("data", f"mixture/{{name}}/{f}") for f in MIXTURE_FILES],
+        [R("data", f"mixture/{{tok}}/{{name}}/{f}") for f in MIXTURE_FILES],
     wildcard_constraints:
+        tok="|".join(TOKENIZERS),
         name="multilingual|english",
     params:
         cfg=lambda wc: mixture_params(wc.name),
-        outdir=lambda wc: R("data", f"mixture/{wc.name}"),
+        outdir=lambda wc: mixture_dir(wc.tok, wc.name),
     log:
-        LOG("data", "mixture_{name}"),
+        LOG("data", "mixture_{tok}_{name}"),
     benchmark:
-        BENCH("data", "mixture_{name}")
+        BENCH("data", "mixture_{tok}_{name}")
     resources:
         mem_mb=8000,
         runtime=60,
@@ -138,6 +186,6 @@ rule data:
     """Phase target: everything the data phase produces."""
     input:
         CORPUS.values(),
-        TOKENIZER,
-        [R("data", f"mixture/{n}/{f}") for n in ("multilingual", "english") for f in MIXTURE_FILES],
+        [tokenizer_file(t) for t in TOKENIZERS],
+        [f for t, n in MIXTURES for f in mixture_files(t, n)],
         [R("data", f"spaced_retrieval/{s}.parquet") for s in SR_SPLITS],

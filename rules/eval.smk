@@ -19,7 +19,7 @@ def analysis_models_param():
         sys.exit(1)
     distilled = [{"teacher": t.replace("--", "/"), "teacher_path": teacher_dir(t), "student": f"{p}-{m}",
                   "student_path": distill_dir(t, p, m, "stage2"),
-                  "tokenizer": R("data", "tokenizer") if OFFLINE else teacher_dir(t)}
+                  "tokenizer": tokenizer_dir(teacher_tok(t)) if OFFLINE else teacher_dir(t)}
                  for t, p, m in STUDENTS] if A["include_distilled"] else []
     return {"distilled": distilled, "hub_pairs": A["hub_pairs"]}
 
@@ -43,7 +43,7 @@ rule eval_softcka:
     input:
         models=analysis_inputs(),
         parallel=CORPUS["parallel"],
-        tokenizer=TOKENIZER,
+        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         R("eval", "softcka.parquet"),
     params:
@@ -69,7 +69,7 @@ rule eval_recency:
     input:
         models=analysis_inputs(),
         mono=CORPUS["mono"],
-        tokenizer=TOKENIZER,
+        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         R("eval", "recency.parquet"),
     params:
@@ -94,12 +94,12 @@ rule eval_fertility:
     """Tokens per sentence relative to English per tokenizer and language."""
     input:
         parallel=CORPUS["parallel"],
-        tokenizer=TOKENIZER,
+        tokenizer=tokenizer_file(BLD_NL_TOK),
     output:
         R("eval", "fertility.parquet"),
     params:
         cfg=analysis_params("fertility"),
-        tokdir=R("data", "tokenizer"),
+        tokdir=tokenizer_dir(BLD_NL_TOK),
     threads: 1
     log:
         LOG("eval", "fertility"),
@@ -121,7 +121,7 @@ rule eval_perplexity:
     input:
         teachers=[f"{teacher_dir(t)}/model.safetensors" for t in TEACHERS],
         students=[f"{d}/{f}" for d in distilled_students() for f in ("model.safetensors", "hybrid.json", "metrics.parquet")],
-        mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES],
+        mixture=[f for t in TOK_PLAN["multilingual"] for f in mixture_files(t, "multilingual")],
     output:
         table=R("eval", "perplexity.parquet"),
         tokens=R("eval", "tokens_to_baseline.parquet"),
@@ -133,8 +133,10 @@ rule eval_perplexity:
             "rows_per_language": C["train"]["distill"]["table_rows_per_language"],
             "batch_size": C["train"]["distill"]["eval_batch_size"],
             "baseline_placement": C["experiments"]["distill"]["baseline_placement"],
+            # each teacher and its students are evaluated on the mixture of the teacher's tokenizer
+            "mixtures": {t: mixture_dir(teacher_tok(t), "multilingual") for t in TEACHERS},
         }),
-        mixture=R("data", "mixture/multilingual"),
+        mixture=mixture_dir(teacher_tok(TEACHERS[0]), "multilingual"),
     log:
         LOG("eval", "perplexity"),
     benchmark:
@@ -155,7 +157,7 @@ rule eval_niah:
     input:
         models=analysis_inputs(),
         mono=CORPUS["mono"],
-        tokenizer=TOKENIZER,
+        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         table=R("eval", "niah.parquet"),
         examples=R("eval", "niah_examples.parquet"),
@@ -222,16 +224,16 @@ rule eval_retrieval_heads:
     """DuoAttention-style per-KV-head gates and accuracy as heads are masked from lowest gate up."""
     input:
         models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
-        mixture=[R("data", f"mixture/english/{f}") for f in MIXTURE_FILES],
-        tokenizer=TOKENIZER,
+        mixture=mixture_files(BLD_NL_TOK, "english"),
+        tokenizer=tokenizer_file(BLD_NL_TOK),
     output:
         alphas=R("eval", "retrieval_heads.parquet"),
         curve=R("eval", "retrieval_heads_masking.parquet"),
     params:
         cfg=heads_position_params("retrieval_heads"),
         models=bld_nl_dirs(),
-        mixture=R("data", "mixture/english"),
-        tokdir=R("data", "tokenizer"),
+        mixture=mixture_dir(BLD_NL_TOK, "english"),
+        tokdir=tokenizer_dir(BLD_NL_TOK),
         work=R("eval", "runs/retrieval_heads"),
     log:
         LOG("eval", "retrieval_heads"),
@@ -254,14 +256,14 @@ rule eval_position_loss:
     """Loss by token-position bucket on long held-out documents and LongPPL, every BLD-NL arm."""
     input:
         models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
-        mixture=[R("data", f"mixture/english/{f}") for f in MIXTURE_FILES],
+        mixture=mixture_files(BLD_NL_TOK, "english"),
     output:
         buckets=R("eval", "position_loss.parquet"),
         summary=R("eval", "position_loss_summary.parquet"),
     params:
         cfg=heads_position_params("position_loss"),
         models=bld_nl_dirs(),
-        mixture=R("data", "mixture/english"),
+        mixture=mixture_dir(BLD_NL_TOK, "english"),
     log:
         LOG("eval", "position_loss"),
     benchmark:
@@ -281,19 +283,22 @@ rule eval_position_loss:
 
 # Paper preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
 LM_BENCHMARK_MODELS = ([teacher_dir(t) for t in TEACHERS] + distilled_students() + bld_nl_dirs()) if ON_GPU else []
+# Each model's own tokenizer: a teacher's (saved next to it) for the teacher and its students, BLD-NL's for its arms.
+LM_BENCHMARK_TOKENIZERS = ([teacher_dir(t) for t in TEACHERS] + [teacher_dir(t) for t, p, m in STUDENTS]
+                           + [tokenizer_dir(BLD_NL_TOK)] * len(bld_nl_dirs())) if ON_GPU else []
 
 
 rule eval_lm_benchmarks:
     """lm-eval (arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, swde, fda, squad_completion, RULER)."""
     input:
         models=[f"{d}/model.safetensors" for d in LM_BENCHMARK_MODELS],
-        tokenizer=TOKENIZER,
+        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         R("eval", "lm_benchmarks.parquet"),
     params:
         cfg=lambda wc: heads_position_params("lm_eval"),
         models=LM_BENCHMARK_MODELS,
-        tokdir=R("data", "tokenizer"),
+        tokdirs=LM_BENCHMARK_TOKENIZERS,
     log:
         LOG("eval", "lm_benchmarks"),
     benchmark:
@@ -306,7 +311,7 @@ rule eval_lm_benchmarks:
         CUDA_ENV
     shell:
         "{PY} workflow_scripts/eval_lm_benchmarks.py --params {params.cfg:q} --models {params.models} "
-        "--tokenizer {params.tokdir} --out {output} > {log} 2>&1"
+        "--tokenizer {params.tokdirs} --out {output} > {log} 2>&1"
 
 
 rule eval:

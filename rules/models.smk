@@ -24,8 +24,8 @@ STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
 rule teacher:
     """Dense teacher: pre-trained on the multilingual mixture (smoke/tiny) or fetched from the hub (paper)."""
     input:
-        mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES] if OFFLINE else [],
-        tokenizer=TOKENIZER,
+        mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual") if OFFLINE else [],
+        tokenizer=lambda wc: tokenizer_file(teacher_tok(wc.teacher)),
     output:
         [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
     params:
@@ -34,8 +34,8 @@ rule teacher:
         script="pretrain_teacher.py" if OFFLINE else "fetch_teacher.py",
         work=lambda wc: R("models", f"runs/teacher_{wc.teacher}"),
         out=lambda wc: teacher_dir(wc.teacher),
-        mixture=R("data", "mixture/multilingual"),
-        tokdir=R("data", "tokenizer"),
+        mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
+        tokdir=lambda wc: tokenizer_dir(teacher_tok(wc.teacher)),
     log:
         LOG("models", "teacher_{teacher}"),
     benchmark:

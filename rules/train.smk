@@ -86,7 +86,7 @@ rule distill_stage1:
     input:
         student=[R("models", f"students/{{teacher}}/{{placement}}-{{mixer}}/{f}") for f in MODEL_FILES + ["hybrid.json"]],
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
-        mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES],
+        mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual"),
     output:
         [R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
     wildcard_constraints:
@@ -97,7 +97,7 @@ rule distill_stage1:
         launch=launcher(gpus(4)),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
-        mixture=R("data", "mixture/multilingual"),
+        mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
         work=lambda wc: R("train", f"runs/distill/{wc.teacher}/{wc.placement}-{wc.mixer}/stage1"),
         out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
     threads: TRAIN_THREADS
@@ -121,7 +121,7 @@ rule distill_stage2:
     input:
         stage1=[R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
-        mixture=[R("data", f"mixture/multilingual/{f}") for f in MIXTURE_FILES],
+        mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual"),
     output:
         [R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage2/{f}") for f in DISTILL_FILES],
     wildcard_constraints:
@@ -132,7 +132,7 @@ rule distill_stage2:
         launch=launcher(gpus(4)),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
-        mixture=R("data", "mixture/multilingual"),
+        mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
         work=lambda wc: R("train", f"runs/distill/{wc.teacher}/{wc.placement}-{wc.mixer}/stage2"),
         out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage2"),
     threads: TRAIN_THREADS
@@ -187,8 +187,8 @@ rule bld_sr:
 rule bld_nl:
     """BLD on natural language: Attention-Mixer-Mixer-Mixer, NoPE, baseline vs frozen-mixer start, per size."""
     input:
-        mixture=[R("data", f"mixture/english/{f}") for f in MIXTURE_FILES],
-        tokenizer=TOKENIZER,
+        mixture=mixture_files(BLD_NL_TOK, "english"),
+        tokenizer=tokenizer_file(BLD_NL_TOK),
     output:
         [R("train", f"bld_nl/{{arm}}/{f}") for f in TRAIN_FILES + ["hybrid.json", "summary.json"]],
     wildcard_constraints:
@@ -196,8 +196,8 @@ rule bld_nl:
     params:
         cfg=lambda wc: bld_nl_params(wc.arm),
         launch=launcher(gpus(4)),
-        mixture=R("data", "mixture/english"),
-        tokdir=R("data", "tokenizer"),
+        mixture=mixture_dir(BLD_NL_TOK, "english"),
+        tokdir=tokenizer_dir(BLD_NL_TOK),
         work=lambda wc: R("train", f"runs/bld_nl/{wc.arm}"),
         out=lambda wc: R("train", f"bld_nl/{wc.arm}"),
     log:

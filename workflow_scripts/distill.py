@@ -37,6 +37,7 @@ def main() -> None:
     import polars as pl
     import torch
 
+    from hybridlab.data.budget import check_mixture_vocab, check_train_data
     from hybridlab.data.packing import PackedDataset
     from hybridlab.errors import HybridlabError
     from hybridlab.models.io import load_hybrid, save_hybrid
@@ -47,13 +48,15 @@ def main() -> None:
     from hybridlab.train.loop import METRICS_FILE, train
 
     run = dict(params[f"stage{args.stage}"])
+    epochs = run.pop("epochs", None)
     train_set = PackedDataset(args.mixture, "train")
     val_set = PackedDataset(args.mixture, "val")
     seq_len = train_set.seq_len
     every = {k: distill.eval_interval_steps(params[f"{k}_every_tokens"], run["micro_batch_size"],
                                             run.get("grad_accum", 1), seq_len) for k in ("eval", "ckpt")}
     cfg = TrainConfig.from_dict({"out_dir": args.work, "seed": params["seed"], "seq_len": seq_len,
-                                 "eval_every": every["eval"], "ckpt_every": every["ckpt"], **run})
+                                 "eval_every": every["eval"], "ckpt_every": every["ckpt"],
+                                 "activation_checkpointing": params["gradient_checkpointing"], **run})
 
     # The loop picks the same device per rank; only rank 0 evaluates the start point and writes outputs.
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -61,9 +64,11 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     teacher = distill.freeze(load_causal_lm(args.teacher, dtype=dtype)).to(device)
     student = load_hybrid(args.student, dtype=torch.float32, device=device)
-    if params["gradient_checkpointing"]:
-        # Recompute each decoder layer in backward (paper scale); no effect on stage 1's teacher-input path.
-        student.activation_checkpointing_enable()
+    # Before any update: the mixture is in this teacher's tokens (ids fit both embeddings) and holds the budget.
+    what = f"distill stage {args.stage}"
+    check_mixture_vocab(args.mixture, teacher, f"{what} teacher {args.teacher}")
+    check_train_data(args.mixture, student, what=what, need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
+                     epochs=epochs, fix="raise data.mixture_tokens")
     torch.manual_seed(params["seed"])
     if args.stage == 1:
         trainable = distill.freeze_all_but_mixers(student)

@@ -17,7 +17,8 @@ import _common
 
 def main() -> None:
     p = _common.parser(__doc__)
-    p.add_argument("--mixture", required=True, help="packed multilingual mixture directory")
+    p.add_argument("--mixture", required=True,
+                   help="packed multilingual mixture directory (params.mixtures overrides it per teacher)")
     p.add_argument("--out", required=True, help="perplexity table (parquet)")
     p.add_argument("--tokens-out", required=True, help="tokens-to-baseline table (parquet)")
     args = p.parse_args()
@@ -34,8 +35,14 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    ids, langs = distill.heldout_rows(PackedDataset(args.mixture, "val"), params["rows_per_language"])
-    print(f"{ids.shape[0]} held-out rows of {ids.shape[1]} tokens in {len(set(langs))} languages")
+
+    def heldout(teacher_name):
+        # A teacher and its students read the mixture of the teacher's own tokenizer.
+        mixture = params.get("mixtures", {}).get(teacher_name, args.mixture)
+        ids, langs = distill.heldout_rows(PackedDataset(mixture, "val"), params["rows_per_language"])
+        print(f"{teacher_name}: {ids.shape[0]} held-out rows of {ids.shape[1]} tokens in {len(set(langs))} "
+              f"languages of {mixture}")
+        return ids, langs
 
     def run(model, name, teacher_model=None):
         table = evaluate_perplexity(model, ids, langs, model_name=name, teacher=teacher_model,
@@ -44,6 +51,7 @@ def main() -> None:
 
     tables, token_tables = [], []
     for teacher_name, teacher_path in sorted(params["teachers"].items()):
+        ids, langs = heldout(teacher_name)
         teacher = distill.freeze(load_causal_lm(teacher_path, dtype=dtype)).to(device)
         t = run(teacher, teacher_name)
         tables.append(t.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(None, pl.String),

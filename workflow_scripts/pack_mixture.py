@@ -1,4 +1,8 @@
-"""Tokenise and pack the training mixture (one language per fixed-length sequence, train/val by document)."""
+"""Tokenise and pack the training mixture (one language per fixed-length sequence, train/val by document).
+
+Rows are consecutive stretches of one language's document stream, kept together in blocks of
+`block_rows` rows (a BLD-NL sequence joins that many rows); per-row document starts are written too.
+"""
 
 import json
 
@@ -31,7 +35,8 @@ def main() -> None:
     mixture = pack_mixture(mono, load_tokenizer(args.tokenizer), languages=languages,
                            english_share=params["english_share"] if languages else 1.0,
                            seq_len=params["seq_len"], total_tokens=params["total_tokens"],
-                           val_fraction=params["val_fraction"], seed=params["seed"])
+                           val_fraction=params["val_fraction"], seed=params["seed"],
+                           block_rows=params.get("block_rows", 1))
     write_packed(args.out, mixture)
     print(json.dumps(mixture.stats, indent=1)[:4000])
 

@@ -27,6 +27,7 @@ def main() -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from hybridlab.data.budget import check_train_data
     from hybridlab.data.packing import PackedDataset
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.train.config import TrainConfig
@@ -36,6 +37,7 @@ def main() -> None:
     tok = load_tokenizer(args.tokenizer)
     run = dict(params["train"])
     eval_rows = run.pop("eval_rows_per_language", 8)
+    epochs = run.pop("epochs", None)
     train_set = PackedDataset(args.mixture, "train")
     val_set = PackedDataset(args.mixture, "val")
     seq_len = train_set.seq_len
@@ -49,6 +51,9 @@ def main() -> None:
     print(f"teacher: {n_params / 1e6:.2f}M parameters, {len(train_set)} train rows of {seq_len} tokens")
 
     cfg = TrainConfig.from_dict({"out_dir": args.work, "seed": params["seed"], "log_every": 10, **run})
+    # Before any update: every token id fits the embedding, and the run's tokens fit in the mixture.
+    check_train_data(args.mixture, model, what="teacher", need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
+                     epochs=epochs, fix="raise data.mixture_tokens")
 
     def eval_fn(model, step):
         return heldout_ce_by_language(model, val_set, max_rows_per_language=eval_rows,

@@ -30,7 +30,8 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    from hybridlab.data.packing import PackedDataset
+    from hybridlab.data.budget import check_train_data
+    from hybridlab.data.packing import PackedDataset, check_row_blocks
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.models.io import save_hybrid
     from hybridlab.train import bld_nl
@@ -44,6 +45,7 @@ def main() -> None:
     tok = load_tokenizer(args.tokenizer)
     train_rows = PackedDataset(args.mixture, "train")
     k = bld_nl.rows_per_sequence(run["context_len"], train_rows.seq_len)
+    check_row_blocks(train_rows, k, f"bld_nl {arm.name}")
     train_set = bld_nl.JoinedRows(train_rows, k)
     val_set = bld_nl.JoinedRows(PackedDataset(args.mixture, "val"), k)
 
@@ -56,6 +58,10 @@ def main() -> None:
     plan = bld_nl.plan_arm(model, arm, steps, freeze_fraction=exp["freeze_fraction"], scope=exp["freeze_scope"],
                            optimizer_after_unfreeze=exp["optimizer_after_unfreeze"])
     cfg = TrainConfig.from_dict(bld_nl.train_config_dict(run, out_dir=args.work, seed=seed, steps=steps, plan=plan))
+    # Before any update: token ids fit the embedding, and the arm's tokens fit in the English mixture.
+    why = f"{run['tokens_per_param']:g} tokens/param" if "tokens_per_param" in run else f"{steps} updates"
+    check_train_data(args.mixture, model, what=f"bld_nl {arm.name}", need_tokens=steps * cfg.batch_size * run["context_len"],
+                     epochs=run.get("epochs"), why=why, fix="raise data.mixture_tokens / data.english_web_docs")
     frozen = f"updates [0, {plan.windows[0][1]})" if plan.windows else "never"
     print(f"{arm.name}: {n_params / 1e6:.2f}M parameters, layers {model.hybridlab_spec.layer_types}, NoPE, "
           f"{steps} updates of {cfg.batch_size} x {run['context_len']} tokens; recurrent {exp['freeze_scope']}s "

@@ -5,24 +5,35 @@ Definitions:
 * Mixture (FineWeb-2 style): ``english_share`` of the token budget goes to ``eng_Latn`` documents, the
   rest to the configured non-English `languages`, evenly or by `weights` (normalised). Budgets are
   whole sequences: language L gets ``round(share_L * total_tokens / seq_len)`` rows, train + val.
-* Packing (`pack_documents`): each document's tokens are followed by one EOS (so EOS separates and
-  ends documents), the documents are concatenated and cut into rows of ``seq_len``; the tail that does
-  not fill a row is dropped. Documents may straddle two rows of the same language.
+* Packing (`pack_stream`): each document's tokens are followed by one EOS (so EOS separates and ends
+  documents), the documents are concatenated into one stream per language and cut into rows of
+  ``seq_len``; the tail that does not fill a row is dropped. Row r+1 of a language continues row r, so
+  a long document spans consecutive rows of one stream and is never cut apart by shuffling (below).
+* Blocks: rows are kept together in blocks of ``block_rows`` consecutive rows of one stream (a
+  training sequence of ``k * seq_len`` tokens joins k rows; pack with ``block_rows`` a multiple of k).
+  Each language's train and val row counts are multiples of ``block_rows``.
+* Document boundaries: per row, the positions where a document starts (the first token after an EOS,
+  and 0 when the row begins a document) are stored, so a model can keep attention and recurrent state
+  inside each document (`segment_lengths`, `position_ids`, `cu_seqlens`, `document_causal_mask`).
 * One language per row: every language is packed on its own, so held-out loss can be read per
   language (``meta.parquet``: ``row``, ``lang``, ``split``).
 * Determinism: a language's documents are sorted by ``doc_id`` and shuffled with
   ``default_rng([seed, crc32(lang)])`` (adding a language leaves the others unchanged). The
-  train rows of all languages are then shuffled with ``default_rng(seed)``; val rows stay grouped.
+  train blocks of all languages are then shuffled with ``default_rng(seed)``; val rows stay grouped
+  and in document order.
 * Train/val split by document: in shuffled order, the first documents fill the val rows
-  (``max(1, round(val_fraction * rows_L))`` when ``val_fraction > 0``), the following documents the
-  train rows, so no document is in both.
+  (``max(1, round(val_fraction * rows_L))`` when ``val_fraction > 0``, rounded up to whole blocks),
+  the following documents the train rows, so no document is in both.
 * Scarce languages (all their text fits in the budget) use what exists: val gets
   ``max(1, round(val_fraction * available_rows))`` rows, train the remaining documents.
   ``stats.json`` records per language the target and achieved token shares (achieved = that
-  language's train tokens / all train tokens) and a ``short`` flag.
+  language's train tokens / all train tokens) and a ``short`` flag; also ``max_token_id`` (checked
+  against each model's vocabulary before training, `hybridlab.data.budget`).
 
-Output of `write_packed`: ``tokens.npy`` (int32 [N, seq_len], read with mmap), ``meta.parquet`` and
-``stats.json``; all byte-stable for the same inputs and seed.
+Output of `write_packed`: ``tokens.npy`` (int32 [N, seq_len], read with mmap), ``doc_starts.npy``
+(int32, every row's document starts concatenated) with ``doc_offsets.npy`` (int64 [N + 1]: row r's
+starts are ``doc_starts[doc_offsets[r]:doc_offsets[r + 1]]``), ``meta.parquet`` and ``stats.json``;
+all byte-stable for the same inputs and seed.
 """
 
 from __future__ import annotations
@@ -50,19 +61,36 @@ class PackedMixture:
     tokens_NS: np.ndarray  # int32 [N, seq_len]
     meta: pl.DataFrame  # row, lang, split
     stats: dict
+    doc_starts: list[np.ndarray] | None = None  # per row: int32 positions where a document starts
+
+
+def pack_stream(token_lists: Sequence[Sequence[int]], seq_len: int, eos_id: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Join documents as ``doc EOS doc EOS ...``, cut into int32 rows of `seq_len` (tail dropped).
+
+    Returns the rows and, per row, the positions at which a document starts inside it.
+    """
+    if seq_len < 1:
+        raise HybridlabError(f"packing: seq_len={seq_len} must be >= 1")
+    parts, offsets, pos = [], [], 0
+    for doc in token_lists:
+        offsets.append(pos)
+        parts.append(np.asarray(doc, dtype=np.int64))
+        parts.append(np.array([eos_id], dtype=np.int64))
+        pos += len(doc) + 1
+    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    n_rows = len(stream) // seq_len
+    rows = stream[: n_rows * seq_len].astype(np.int32).reshape(n_rows, seq_len)
+    off = np.asarray(offsets, dtype=np.int64)
+    off = off[off < n_rows * seq_len]
+    row_of = off // seq_len
+    cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
+    starts = [(off[cuts[r]:cuts[r + 1]] - r * seq_len).astype(np.int32) for r in range(n_rows)]
+    return rows, starts
 
 
 def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, eos_id: int) -> np.ndarray:
-    """Join documents as ``doc EOS doc EOS ...`` and cut into int32 rows of `seq_len` (tail dropped)."""
-    if seq_len < 1:
-        raise HybridlabError(f"packing: seq_len={seq_len} must be >= 1")
-    parts = []
-    for doc in token_lists:
-        parts.append(np.asarray(doc, dtype=np.int64))
-        parts.append(np.array([eos_id], dtype=np.int64))
-    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    n_rows = len(stream) // seq_len
-    return stream[: n_rows * seq_len].astype(np.int32).reshape(n_rows, seq_len)
+    """The rows of `pack_stream` alone."""
+    return pack_stream(token_lists, seq_len, eos_id)[0]
 
 
 def _lang_rng(seed: int, lang: str) -> np.random.Generator:
@@ -118,45 +146,55 @@ def _prefix_len(docs: list[list[int]], n_tokens: int) -> int:
     return len(docs)
 
 
+def _whole_blocks(n: int, block_rows: int, up: bool = False) -> int:
+    return -(-n // block_rows) * block_rows if up else n // block_rows * block_rows
+
+
 def _pack_language(
-    lang: str, texts: list[str], tokenizer, rows_total: int, val_fraction: float, seq_len: int, eos_id: int
-) -> tuple[np.ndarray, np.ndarray, dict]:
+    lang: str, texts: list[str], tokenizer, rows_total: int, val_fraction: float, seq_len: int, eos_id: int,
+    block_rows: int = 1,
+) -> tuple[tuple[np.ndarray, list], tuple[np.ndarray, list], dict]:
     """Val rows from the first shuffled docs, train rows from the following ones (split by document)."""
     n_val = max(1, int(round(val_fraction * rows_total))) if val_fraction > 0 else 0
-    n_train = rows_total - n_val
+    n_val = _whole_blocks(n_val, block_rows, up=True)
+    n_train = _whole_blocks(rows_total - n_val, block_rows)
     if n_train < 1:
         raise HybridlabError(
-            f"packing: {lang} gets {rows_total} row(s) of {seq_len} tokens, none left for training; "
-            f"raise total_tokens or lower seq_len"
+            f"packing: {lang} gets {rows_total} row(s) of {seq_len} tokens, none left for training in whole blocks of "
+            f"{block_rows} row(s); raise total_tokens or lower seq_len"
         )
-    pool, nxt = _tokenize_until(texts, tokenizer, 0, rows_total * seq_len)
+    target_rows = n_val + n_train
+    pool, nxt = _tokenize_until(texts, tokenizer, 0, target_rows * seq_len)
     available = sum(len(d) + 1 for d in pool)
-    if available < rows_total * seq_len and val_fraction > 0:
+    if available < target_rows * seq_len and val_fraction > 0:
         # Scarce language (all its text fits in the budget): size val on what exists, or val would
         # swallow the few documents train needs.
-        n_val = max(1, int(round(val_fraction * (available // seq_len))))
+        n_val = _whole_blocks(max(1, int(round(val_fraction * (available // seq_len)))), block_rows, up=True)
     k = _prefix_len(pool, n_val * seq_len)
     val_docs, train_docs = pool[:k], pool[k:]
     more, _ = _tokenize_until(texts, tokenizer, nxt, n_train * seq_len - sum(len(d) + 1 for d in train_docs))
     train_docs += more
-    val_rows = pack_documents(val_docs, seq_len, eos_id)[:n_val]
-    train_rows = pack_documents(train_docs, seq_len, eos_id)[:n_train]
-    if len(train_rows) == 0 or (n_val > 0 and len(val_rows) == 0):
+    val_rows, val_starts = pack_stream(val_docs, seq_len, eos_id)
+    train_rows, train_starts = pack_stream(train_docs, seq_len, eos_id)
+    n_val_got = min(n_val, _whole_blocks(len(val_rows), block_rows))
+    n_train_got = min(n_train, _whole_blocks(len(train_rows), block_rows))
+    if n_train_got == 0 or (n_val > 0 and n_val_got == 0):
         raise HybridlabError(
-            f"packing: {lang} has too little text for one train and one val row of {seq_len} tokens; "
-            f"add text, lower seq_len, or remove {lang}"
+            f"packing: {lang} has too little text for one train and one val block of {block_rows} x {seq_len} "
+            f"tokens; add text, lower seq_len, or remove {lang}"
         )
     info = {
-        "train_rows": len(train_rows),
-        "val_rows": len(val_rows),
-        "train_tokens": len(train_rows) * seq_len,
-        "val_tokens": len(val_rows) * seq_len,
+        "train_rows": n_train_got,
+        "val_rows": n_val_got,
+        "train_tokens": n_train_got * seq_len,
+        "val_tokens": n_val_got * seq_len,
         "docs_available": len(texts),
         "docs_val": len(val_docs),  # docs consumed (a last doc may be cut by the dropped tail)
         "docs_train": len(train_docs),
-        "short": len(train_rows) + len(val_rows) < rows_total,
+        "short": n_train_got + n_val_got < target_rows,
     }
-    return train_rows, val_rows, info
+    return ((train_rows[:n_train_got], train_starts[:n_train_got]),
+            (val_rows[:n_val_got], val_starts[:n_val_got]), info)
 
 
 def pack_mixture(
@@ -170,6 +208,7 @@ def pack_mixture(
     val_fraction: float,
     seed: int,
     weights: dict[str, float] | None = None,
+    block_rows: int = 1,
 ) -> PackedMixture:
     """Build the packed train/val mixture from mono-schema documents (see module docstring)."""
     missing = {"doc_id", "lang", "text"} - set(mono_df.columns)
@@ -179,13 +218,15 @@ def pack_mixture(
         raise HybridlabError(f"packing: val_fraction={val_fraction} must be in [0, 1)")
     if seq_len < 2 or total_tokens < seq_len:
         raise HybridlabError(f"packing: need seq_len >= 2 and total_tokens >= seq_len (got {seq_len}, {total_tokens})")
+    if block_rows < 1:
+        raise HybridlabError(f"packing: block_rows={block_rows} must be >= 1")
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise HybridlabError("packing: the tokenizer has no eos_token; use a tokenizer with an EOS token")
     shares = _target_shares(list(languages), english_share, weights)
 
     per_lang: dict[str, dict] = {}
-    blocks: dict[str, dict[str, np.ndarray]] = {}
+    packed: dict[str, dict[str, tuple[np.ndarray, list]]] = {}
     for lang, share in shares.items():
         docs_df = mono_df.filter(pl.col("lang") == lang).sort("doc_id")
         if docs_df.height == 0:
@@ -196,27 +237,36 @@ def pack_mixture(
         texts = [texts[j] for j in _lang_rng(seed, lang).permutation(len(texts))]
 
         rows_total = int(round(share * total_tokens / seq_len))
-        train_rows, val_rows, info = _pack_language(lang, texts, tokenizer, rows_total, val_fraction, seq_len, eos_id)
-        blocks[lang] = {"train": train_rows, "val": val_rows}
+        train, val, info = _pack_language(lang, texts, tokenizer, rows_total, val_fraction, seq_len, eos_id, block_rows)
+        packed[lang] = {"train": train, "val": val}
         per_lang[lang] = {"target_share": share, "target_rows": rows_total, **info}
 
     train_total = sum(s["train_tokens"] for s in per_lang.values())
     for s in per_lang.values():
         s["achieved_share"] = s["train_tokens"] / train_total
 
-    train_langs = [lang for lang in shares for _ in range(len(blocks[lang]["train"]))]
-    train_all = np.concatenate([blocks[lang]["train"] for lang in shares])
-    perm = np.random.default_rng(seed).permutation(len(train_all))
-    val_langs = [lang for lang in shares for _ in range(len(blocks[lang]["val"]))]
-    val_all = np.concatenate([blocks[lang]["val"] for lang in shares]).reshape(-1, seq_len)
+    def joined(split: str) -> tuple[np.ndarray, list, list[str]]:
+        rows = np.concatenate([packed[lang][split][0] for lang in shares]).reshape(-1, seq_len)
+        starts = [st for lang in shares for st in packed[lang][split][1]]
+        langs = [lang for lang in shares for _ in range(len(packed[lang][split][0]))]
+        return rows, starts, langs
+
+    train_all, train_starts, train_langs = joined("train")
+    val_all, val_starts, val_langs = joined("val")
+    # Shuffle whole blocks: rows inside a block stay consecutive text of one language stream.
+    block_perm = np.random.default_rng(seed).permutation(len(train_all) // block_rows)
+    perm = (block_perm[:, None] * block_rows + np.arange(block_rows)[None, :]).reshape(-1)
     tokens_NS = np.ascontiguousarray(np.concatenate([train_all[perm], val_all]))
     langs = [train_langs[j] for j in perm] + val_langs
+    doc_starts = [train_starts[j] for j in perm] + val_starts
     splits = ["train"] * len(train_all) + ["val"] * len(val_all)
     meta = pl.DataFrame({"row": np.arange(len(tokens_NS)), "lang": langs, "split": splits}, schema=META_SCHEMA)
     stats = {
         "seq_len": seq_len,
         "seed": seed,
         "eos_id": int(eos_id),
+        "block_rows": block_rows,
+        "max_token_id": int(tokens_NS.max()) if tokens_NS.size else -1,
         "english_share": english_share,
         "val_fraction": val_fraction,
         "total_tokens_requested": total_tokens,
@@ -224,7 +274,7 @@ def pack_mixture(
         "val_tokens": int(len(val_all) * seq_len),
         "languages": per_lang,
     }
-    return PackedMixture(tokens_NS=tokens_NS, meta=meta, stats=stats)
+    return PackedMixture(tokens_NS=tokens_NS, meta=meta, stats=stats, doc_starts=doc_starts)
 
 
 def _atomic(path: Path, write) -> None:
@@ -233,28 +283,52 @@ def _atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def _save_npy(array: np.ndarray):
+    def save(p: Path) -> None:
+        with open(p, "wb") as f:
+            np.save(f, array)
+
+    return save
+
+
 def write_packed(out_dir: str | Path, mixture: PackedMixture) -> None:
-    """Write ``tokens.npy``, ``meta.parquet`` and ``stats.json`` under `out_dir` (each written atomically)."""
+    """Write tokens.npy, doc_starts.npy, doc_offsets.npy, meta.parquet and stats.json (each atomically)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    def save_tokens(p: Path) -> None:
-        with open(p, "wb") as f:
-            np.save(f, mixture.tokens_NS.astype(np.int32, copy=False))
-
-    _atomic(out / "tokens.npy", save_tokens)
+    starts = mixture.doc_starts
+    if starts is None or len(starts) != len(mixture.tokens_NS):
+        raise HybridlabError("packing: the mixture has no per-row document starts; build it with pack_mixture")
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(x) for x in starts])
+    flat = np.concatenate(starts).astype(np.int32) if starts else np.zeros(0, dtype=np.int32)
+    _atomic(out / "tokens.npy", _save_npy(mixture.tokens_NS.astype(np.int32, copy=False)))
+    _atomic(out / "doc_starts.npy", _save_npy(flat))
+    _atomic(out / "doc_offsets.npy", _save_npy(offsets))
     _atomic(out / "meta.parquet", lambda p: mixture.meta.write_parquet(p))
     _atomic(out / "stats.json", lambda p: p.write_text(json.dumps(mixture.stats, indent=2, sort_keys=True) + "\n"))
 
 
+def read_stats(out_dir: str | Path) -> dict:
+    """stats.json of a packed mixture directory."""
+    path = Path(out_dir) / "stats.json"
+    if not path.is_file():
+        raise HybridlabError(f"packed data: {path} is missing; run the packing step first")
+    return json.loads(path.read_text())
+
+
 class PackedDataset(torch.utils.data.Dataset):
-    """Rows of one split (optionally one language) of a packed mixture, as int64 LongTensors [seq_len]."""
+    """Rows of one split (optionally one language) of a packed mixture, as int64 LongTensors [seq_len].
+
+    `doc_starts(i)` gives the positions where a document starts in row i (for document masking);
+    `block_rows` how many consecutive rows of one stream the packer kept together.
+    """
 
     def __init__(self, out_dir: str | Path, split: str, lang: str | None = None):
         out = Path(out_dir)
         for name in ("tokens.npy", "meta.parquet"):
             if not (out / name).is_file():
                 raise HybridlabError(f"packed data: {out / name} is missing; run the packing step first")
+        self.dir = out
         self.tokens = np.load(out / "tokens.npy", mmap_mode="r")
         meta = pl.read_parquet(out / "meta.parquet").filter(pl.col("split") == split)
         if lang is not None:
@@ -264,9 +338,67 @@ class PackedDataset(torch.utils.data.Dataset):
         self.rows = meta["row"].to_numpy()
         self.langs: list[str] = meta["lang"].to_list()
         self.seq_len = int(self.tokens.shape[1])
+        stats = json.loads((out / "stats.json").read_text()) if (out / "stats.json").is_file() else {}
+        self.block_rows = int(stats.get("block_rows", 1))
+        self.eos_id = stats.get("eos_id")
+        self._starts = self._offsets = None
+        if (out / "doc_starts.npy").is_file() and (out / "doc_offsets.npy").is_file():
+            self._starts = np.load(out / "doc_starts.npy", mmap_mode="r")
+            self._offsets = np.load(out / "doc_offsets.npy", mmap_mode="r")
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.from_numpy(np.asarray(self.tokens[self.rows[i]], dtype=np.int64))
+
+    def doc_starts(self, i: int) -> np.ndarray:
+        """Positions (int64, ascending) at which a document starts inside row i of this split."""
+        if self._starts is None:
+            raise HybridlabError(f"packed data: {self.dir} has no doc_starts.npy/doc_offsets.npy; repack the mixture")
+        r = self.rows[i]
+        return np.asarray(self._starts[self._offsets[r]:self._offsets[r + 1]], dtype=np.int64)
+
+
+def check_row_blocks(rows: PackedDataset, k: int, what: str) -> None:
+    """One-line error unless sequences of `k` joined rows stay inside the packer's blocks (contiguous text)."""
+    if k > 1 and rows.block_rows % k:
+        raise HybridlabError(
+            f"{what}: a sequence joins {k} packed rows but {rows.dir} keeps blocks of {rows.block_rows} consecutive "
+            f"rows, so joined rows would be unrelated text; repack with block_rows a multiple of {k}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Document masking: what a model needs to keep attention and recurrent state inside each document.
+# A sequence of length T with document starts S (ascending, in [0, T)) has segments
+# [0, s_1), [s_1, s_2), ..., [s_m, T) (the first one is the tail of a document begun in an earlier row
+# when 0 is not in S). fla's varlen kernels take `cu_seqlens` over a batch flattened to [1, B*T];
+# HF attention takes `position_ids` that restart at 0 per segment plus a block-diagonal causal mask.
+
+
+def segment_lengths(starts: Sequence[int], length: int) -> np.ndarray:
+    """Lengths of the segments a sequence of `length` tokens with document `starts` splits into."""
+    st = np.asarray(starts, dtype=np.int64)
+    if st.size and (st[0] < 0 or st[-1] >= length or (np.diff(st) <= 0).any()):
+        raise HybridlabError(f"document starts {st.tolist()} must be ascending and inside [0, {length})")
+    bounds = np.unique(np.concatenate([[0], st, [length]]))
+    return np.diff(bounds)
+
+
+def position_ids(starts: Sequence[int], length: int) -> np.ndarray:
+    """Positions that restart at 0 at every segment start (int64 [length])."""
+    lens = segment_lengths(starts, length)
+    return np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
+
+
+def cu_seqlens(batch_starts: Sequence[Sequence[int]], length: int) -> np.ndarray:
+    """fla-style cumulative segment boundaries (int32 [n_segments + 1]) of a batch flattened to [1, B*T]."""
+    lens = np.concatenate([segment_lengths(s, length) for s in batch_starts]) if len(batch_starts) else np.zeros(0)
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+def document_causal_mask(starts: Sequence[int], length: int) -> np.ndarray:
+    """Bool [length, length]: query i may attend to key j iff j <= i and both lie in one segment."""
+    seg = np.repeat(np.arange(len(segment_lengths(starts, length))), segment_lengths(starts, length))
+    return (seg[:, None] == seg[None, :]) & np.tri(length, dtype=bool)

@@ -83,7 +83,9 @@ def train_bpe(
 
 def load_tokenizer(path_or_hub_name: str | Path) -> PreTrainedTokenizerFast:
     """Local directory (with tokenizer.json) or tokenizer.json file -> fast tokenizer; else a hub model name."""
-    path = Path(path_or_hub_name)
+    from hybridlab.data.local_sources import resolve_model_source
+
+    path = Path(resolve_model_source(path_or_hub_name))  # config local_sources.models: hub id -> local dir
     if path.is_dir():
         file = path / TOKENIZER_FILE
         if not file.is_file():
@@ -111,3 +113,64 @@ def _load_file(file: Path) -> PreTrainedTokenizerFast:
     if tok.token_to_id(EOT) is None:
         raise HybridlabError(f"tokenizer: {file} has no {EOT} token; train it with hybridlab.data.tokenizer.train_bpe")
     return _fast(tok)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One tokenizer per model: which tokenizer each DAG model reads, and which mixtures exist.
+
+BPE_NAME = "bpe"  # the one tokenizer of an offline preset (trained in the DAG)
+
+
+def teacher_key(name: str) -> str:
+    """The teacher's name in paths and wildcards (`Qwen/Qwen3-4B` -> `Qwen--Qwen3-4B`)."""
+    return name.replace("/", "--")
+
+
+def tokenizer_plan(cfg: dict) -> dict:
+    """Tokenizers of a resolved preset and who uses them.
+
+    Returns ``{"sources": {name: hub id | local dir | None}, "teachers": {teacher key: name},
+    "bld_nl": name, "multilingual": [names], "english": [names]}``. ``None`` means the byte-level BPE
+    trained in the DAG (offline presets, one tokenizer named ``bpe``). Hub presets name their
+    tokenizers in ``data.tokenizers`` (short name -> hub id or local directory), map every teacher to
+    one in ``models.teacher_tokenizers`` and BLD-NL in ``train.bld_nl.tokenizer`` (both optional when
+    there is one tokenizer). A multilingual mixture is built per tokenizer a teacher uses, an English
+    one for BLD-NL's.
+    """
+    data, models = cfg["data"], cfg["models"]
+    scale = cfg.get("scale", "?")
+    if data["source"] == "offline":
+        if data.get("tokenizers"):
+            raise HybridlabError(f"config: presets.{scale}.data.tokenizers is for hub presets; an offline preset "
+                                 f"trains one BPE in the DAG (remove the key)")
+        sources: dict[str, str | None] = {BPE_NAME: None}
+        teachers = ["teacher"]
+    else:
+        sources = dict(data.get("tokenizers") or {})
+        if not sources:
+            raise HybridlabError(f"config: presets.{scale}.data.tokenizers is missing; name each model's tokenizer, "
+                                 f"e.g. {{qwen3: Qwen/Qwen3-4B}}")
+        teachers = [teacher_key(t) for t in models["teachers"]]
+    only = next(iter(sources)) if len(sources) == 1 else None
+
+    def pick(where: str, name: str | None) -> str:
+        if name is None:
+            if only is None:
+                raise HybridlabError(f"config: {where} is missing; choose one of data.tokenizers {sorted(sources)}")
+            return only
+        if name not in sources:
+            raise HybridlabError(f"config: {where} = {name!r} is not in data.tokenizers (allowed: "
+                                 f"{', '.join(sorted(sources))})")
+        return name
+
+    mapping = {teacher_key(k): v for k, v in (models.get("teacher_tokenizers") or {}).items()}
+    unknown = sorted(set(mapping) - set(teachers))
+    if unknown:
+        raise HybridlabError(f"config: presets.{scale}.models.teacher_tokenizers names {unknown}, which are not "
+                             f"teachers (teachers: {sorted(teachers)})")
+    by_teacher = {t: pick(f"presets.{scale}.models.teacher_tokenizers[{t.replace('--', '/')}]", mapping.get(t))
+                  for t in teachers}
+    bld = cfg.get("train", {}).get("bld_nl") or {}
+    bld_tok = pick(f"presets.{scale}.train.bld_nl.tokenizer", bld.get("tokenizer"))
+    return {"sources": sources, "teachers": by_teacher, "bld_nl": bld_tok,
+            "multilingual": sorted(set(by_teacher.values())), "english": [bld_tok]}
