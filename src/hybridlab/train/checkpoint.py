@@ -1,18 +1,21 @@
-"""Atomic, resumable training checkpoints.
+"""Atomic, resumable, sharded training checkpoints (`torch.distributed.checkpoint`, DCP).
 
 Layout: `<out_dir>/checkpoints/step_<9 digits>/` holding
-- `model.safetensors`: the model weights (`safetensors.torch.save_model`, tied weights stored once);
-- `state.pt`: a `torch.load(weights_only=True)`-loadable dict with the optimiser state, the data
-  sampler position, step, tokens, the config hash, the world size and the RNG states of every rank
-  (python, numpy, torch CPU, CUDA if any). The lr schedule is a function of the step, so it needs
-  no state of its own.
+- the DCP files (`.metadata`, `__<rank>_0.distcp`): the model weights (`model/<name>`) and the
+  optimiser state (`optim/<name>/<key>`, e.g. AdamW's `exp_avg`), each rank writing its own shards.
+  DCP stores global shapes and reshards on load, so a run saved by 2 processes resumes on 1 or 4;
+- `state.pt` (rank 0, `torch.load(weights_only=True)`): step, tokens, the config hash, the run
+  fingerprint (the caller's hash of its inputs, if any), the world size it was written with, the
+  optimiser kind and which state each parameter holds (so the load template has the same keys), the
+  data sampler position and the RNG states of every rank (python, numpy, torch CPU, CUDA). The lr
+  schedule is a function of the step, so it needs no state of its own.
 
-A checkpoint is written into `.tmp_step_…`, fsynced, then renamed into place, so a run killed while
-writing leaves either the complete directory or an ignored temp directory. The latest checkpoint is
-found by scanning directory names; only the newest `keep_last_k` are kept. Checkpoints with
+A checkpoint is written into `.tmp_step_…` by all ranks, then rank 0 writes `state.pt`, fsyncs and
+renames the directory into place, so a run killed while writing leaves either the complete
+directory or an ignored temp directory. Only the newest `keep_last_k` are kept. Checkpoints with
 non-finite weights are never written. A checkpoint that cannot be read or does not fit the run
-(truncated file, other model shapes, other config hash) raises a one-line `HybridlabError` naming
-the file and the fix.
+(truncated file, other model shapes, other config hash or fingerprint) raises a one-line
+`HybridlabError` naming the file and the fix, before anything is written.
 """
 
 from __future__ import annotations
@@ -26,14 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from hybridlab.errors import HybridlabError
 
-MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _DIR_RE = re.compile(r"^step_(\d{9})$")
 _FIX = "delete it to resume from the previous checkpoint, or rerun with --restart to start over"
 
@@ -89,47 +91,50 @@ def restore_rng(s: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def check_finite(model: nn.Module, step: int) -> None:
-    """Raise if any weight is NaN/Inf: such a checkpoint must never replace a good one."""
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p).all():
-            raise HybridlabError(
-                f"refusing to write checkpoint at step {step}: parameter {name} has NaN/Inf values; "
-                "lower the lr or check the data, then rerun to resume from the last good checkpoint"
-            )
-
-
-def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, state: dict[str, Any], keep_last_k: int) -> Path:
-    """Write `step_<step>/` atomically, then delete all but the newest `keep_last_k` checkpoints."""
-    check_finite(model, step)
+def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+                    state: dict[str, Any], keep_last_k: int, *, is_main: bool = True, barrier=lambda: None) -> Path:
+    """Write `step_<step>/` atomically (collective: every rank calls it), then keep the newest `keep_last_k`."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / step_dir_name(step)
     tmp = ckpt_dir / f".tmp_{step_dir_name(step)}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left by a run killed while writing
-    tmp.mkdir()
-    save_model(model, str(tmp / MODEL_FILE))
-    torch.save({**state, "format": FORMAT_VERSION, "step": step}, tmp / STATE_FILE)
-    for f in (MODEL_FILE, STATE_FILE):
-        _fsync(tmp / f)
-    if final.exists():  # only when a step is re-written deliberately; keep the swap short
-        old = ckpt_dir / f".old_{step_dir_name(step)}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, final)
-    _fsync(ckpt_dir)
-    for _, path in list_checkpoints(ckpt_dir)[:-keep_last_k]:
-        shutil.rmtree(path)
+    if is_main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # left by a run killed while writing
+        tmp.mkdir()
+    barrier()
+    names = _param_names(model)
+    optim, held = {}, {}
+    for opt in optimizers.values():
+        for p, st in opt.state.items():
+            name = names[id(p)]
+            optim[name] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+            held[name] = {k: (list(v.shape), str(v.dtype).removeprefix("torch."), _is_param_like(v, p))
+                          for k, v in optim[name].items()}
+    dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
+    barrier()
+    if is_main:
+        torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, tmp / STATE_FILE)
+        for f in tmp.iterdir():
+            _fsync(f)
+        if final.exists():  # only when a step is re-written deliberately; keep the swap short
+            old = ckpt_dir / f".old_{step_dir_name(step)}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        _fsync(ckpt_dir)
+        for _, path in list_checkpoints(ckpt_dir)[:-keep_last_k]:
+            shutil.rmtree(path)
+    barrier()
     return final
 
 
-def load_checkpoint(path: str | Path, model: nn.Module, config_hash: str) -> dict[str, Any]:
-    """Load weights into `model` and return the training state; HybridlabError if unusable."""
+def read_state(path: str | Path, config_hash: str, fingerprint: str | None) -> dict[str, Any]:
+    """The small rank-0 state of a checkpoint, checked against this run; HybridlabError if unusable."""
     path = Path(path)
-    state_file, model_file = path / STATE_FILE, path / MODEL_FILE
+    state_file = path / STATE_FILE
     try:
         state = torch.load(state_file, weights_only=True, map_location="cpu")
     except Exception as e:  # any unreadable file is reported the same way: name it and the fix
@@ -142,13 +147,50 @@ def load_checkpoint(path: str | Path, model: nn.Module, config_hash: str) -> dic
             f"(hash {state.get('config_hash')} != {config_hash}); rerun with the original config, "
             "or rerun with --restart to start over"
         )
-    try:
-        load_model(model, str(model_file), strict=True)
-    except Exception as e:
+    if state.get("fingerprint") != fingerprint:
         raise HybridlabError(
-            f"checkpoint file {model_file} does not fit this model ({_short(e)}); {_FIX}"
-        ) from e
+            f"checkpoint {path} belongs to another run (its inputs fingerprint {state.get('fingerprint')} != "
+            f"{fingerprint}); point the run at a fresh work directory, or rerun with --restart to start over"
+        )
     return state
+
+
+def load_checkpoint(path: str | Path, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+                    state: dict[str, Any]) -> None:
+    """Load weights and optimiser state in place (collective), resharding to this run's layout."""
+    path = Path(path)
+    by_name = dict(model.named_parameters())
+    template: dict[str, dict[str, torch.Tensor]] = {}
+    for name, keys in state["optim_held"].items():
+        p = by_name.get(name)
+        if p is None:
+            raise HybridlabError(f"checkpoint {path} has optimiser state for {name!r}, which this model lacks; {_FIX}")
+        template[name] = {k: torch.zeros_like(p, dtype=getattr(torch, dt)) if like
+                          else torch.zeros(shape, dtype=getattr(torch, dt)) for k, (shape, dt, like) in keys.items()}
+    sd = {"model": model.state_dict(), "optim": template}
+    try:
+        dcp.load(sd, checkpoint_id=str(path), no_dist=not _distributed())
+    except Exception as e:
+        raise HybridlabError(f"checkpoint {path} does not fit this model ({_short(e)}); {_FIX}") from e
+    owner = {id(p): opt for opt in optimizers.values() for g in opt.param_groups for p in g["params"]}
+    for name, st in template.items():
+        p = by_name[name]
+        if id(p) not in owner:
+            raise HybridlabError(f"checkpoint {path} has optimiser state for {name!r}, which this run does not "
+                                 f"train; {_FIX}")
+        owner[id(p)].state[p] = st
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def _is_param_like(v: torch.Tensor, p: torch.Tensor) -> bool:
+    return tuple(v.shape) == tuple(p.shape) and v.ndim > 0
 
 
 def remove_run_outputs(out_dir: str | Path, ckpt_subdir: str, files: tuple[str, ...]) -> None:

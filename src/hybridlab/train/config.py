@@ -37,7 +37,8 @@ MUON_ADJUST_LR = ("original", "match_rms_adamw")
 
 # Fields that do not change the trajectory of the weights (see module docstring).
 _NOT_HASHED = frozenset(
-    {"out_dir", "log_every", "eval_every", "ckpt_every", "keep_last_k", "progress", "device"}
+    {"out_dir", "log_every", "eval_every", "ckpt_every", "keep_last_k", "progress", "device",
+     "activation_checkpointing"}
 )
 
 
@@ -81,6 +82,8 @@ class TrainConfig:
     precision: str = "auto"
     device: str = "auto"
     progress: bool = True
+    # Recompute each decoder layer in backward (memory for compute; the trajectory is unchanged).
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists

@@ -175,6 +175,10 @@ class Stage1Task:
         self._teacher_cap = AttentionCapture(teacher, self.layers, keep_inputs=inputs == "teacher")
         self._student_cap = AttentionCapture(student, self.layers, keep_inputs=False) if inputs == "student" else None
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """FSDP units of their own: the mixers, which stage 1 may call outside their decoder layer."""
+        return list(mixer_wrappers(model).values())
+
     def layer_outputs(self, model: nn.Module, batch_BT: torch.Tensor):
         """(student outputs, teacher outputs) per mixer layer for one batch of input ids."""
         _to_device(self.teacher, batch_BT.device)

@@ -6,8 +6,9 @@ turns a batch into a loss, and a map-style dataset (`len` + integer indexing). O
 1. `on_step_start(step, model, optimizer)` hooks (freeze schedules) after a due optimiser switch;
 2. lr = schedule(step); draw the global batch (`cfg.batch_size` indices) from the seeded sampler;
 3. for this rank's micro-batches: collate, move to the device, `task.loss(model, batch)` under the
-   precision's autocast, backward of `loss / grad_accum` (so gradients are the global-batch mean);
-4. all-reduce gradients and loss/scalar sums over ranks; pre-clip gradient norm (total and per
+   precision's autocast, backward of the loss times `engine.loss_scale` (FSDP2 reduce-scatters and
+   averages over ranks, so gradients are the global-batch mean);
+4. all-reduce loss/scalar sums over ranks; pre-clip gradient norm over all shards (total and per
    `grad_norm_groups`); stop with `HybridlabError` naming the step on a NaN/Inf loss or gradient,
    before any weight changes; clip; optimiser step;
 5. every `log_every` steps (and at eval steps and the last step) a row in `metrics.parquet`; eval
@@ -17,12 +18,16 @@ Loss convention: each micro-batch loss is whatever the task returns (typically a
 the update's loss is the mean over the global batch's micro-batches. Step numbering: see
 `hybridlab.train.config`. The run resumes from the latest checkpoint in `<out_dir>/checkpoints`
 whenever one exists, so rerunning the same command after a kill continues the run; on CPU the
-result is bitwise identical to an uninterrupted run (`restart=True` deletes previous outputs).
+result is bitwise identical to an uninterrupted run (`restart=True` deletes previous outputs). A
+checkpoint (sharded, `hybridlab.train.checkpoint`) resumes at any process count.
 
-Only rank 0 writes metrics and checkpoints and shows the progress bar. `eval_fn` runs on every
-rank (it may shard its own work) under `torch.no_grad()` with the model in eval mode and the RNG
-states restored afterwards, so evaluating never changes the training trajectory; rank 0's values
-are logged as `eval/<key>`.
+Distribution (`hybridlab.train.fsdp.Engine`): under torchrun the model is sharded with FSDP2 and
+every task, hook and evaluation call receives the sharded module, called through the FSDP root;
+when `train` returns, the caller's model holds the trained weights, full, on every rank. Only rank
+0 writes metrics and shows the progress bar; every rank writes its checkpoint shards. `eval_fn`
+runs on every rank under `torch.no_grad()` with the model in eval mode and the RNG states restored
+afterwards, so evaluating never changes the training trajectory; rank 0's values are logged as
+`eval/<key>`.
 """
 
 from __future__ import annotations
@@ -44,16 +49,17 @@ from tqdm.auto import tqdm
 from hybridlab.errors import HybridlabError
 from hybridlab.train.checkpoint import (
     capture_rng,
-    check_finite,
     latest_checkpoint,
     load_checkpoint,
+    read_state,
     remove_run_outputs,
     restore_rng,
     save_checkpoint,
 )
 from hybridlab.train.config import TrainConfig
 from hybridlab.train.distributed import DistContext, init_distributed
-from hybridlab.train.metrics import MetricsLog, grad_norm, grad_norms_by_group
+from hybridlab.train.fsdp import Engine
+from hybridlab.train.metrics import MetricsLog
 from hybridlab.train.optim import HybridOptimizer
 from hybridlab.train.sampler import EpochSampler
 from hybridlab.train.schedule import lr_factor
@@ -65,7 +71,11 @@ StepHook = Callable[[int, nn.Module, HybridOptimizer], None]
 
 
 class Task(Protocol):
-    """What a trainer plugs into the loop."""
+    """What a trainer plugs into the loop.
+
+    Optional: `shard_units(model) -> list[nn.Module]`, sub-modules the task calls directly (not through
+    their parent decoder layer) and that must therefore be FSDP units of their own.
+    """
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """Scalar loss to minimise and extra scalars to log (same keys every call)."""
@@ -95,26 +105,34 @@ def train(
     on_checkpoint: Callable[[int], None] | None = None,
     grad_norm_groups: dict[str, Callable[[str], bool]] | None = None,
     restart: bool = False,
+    fingerprint: str | None = None,
 ) -> TrainResult:
-    """Train `model` on `task` until `cfg.total_steps()`, resuming from the latest checkpoint."""
+    """Train `model` on `task` until `cfg.total_steps()`, resuming from the latest checkpoint.
+
+    `fingerprint` (e.g. a hash of the input files) is stored with every checkpoint; a checkpoint
+    with another fingerprint is refused instead of resumed.
+    """
     for name in ("loss", "num_tokens"):
         if not callable(getattr(task, name, None)):
             raise HybridlabError(f"task {type(task).__name__} has no {name}() method; see hybridlab.train.loop.Task")
     ctx = init_distributed(cfg.device)
     try:
         hooks = [] if on_step_start is None else [on_step_start] if callable(on_step_start) else list(on_step_start)
-        run = _Run(model, task, dataset, cfg, ctx, collate_fn, hooks, eval_fn, on_checkpoint, grad_norm_groups or {})
+        run = _Run(model, task, dataset, cfg, ctx, collate_fn, hooks, eval_fn, on_checkpoint, grad_norm_groups or {},
+                   fingerprint)
         return run.run(restart)
     finally:
         ctx.close()
 
 
 class _Run:
-    def __init__(self, model, task, dataset, cfg, ctx: DistContext, collate_fn, hooks, eval_fn, on_checkpoint, groups):
-        self.model, self.task, self.dataset, self.cfg, self.ctx = model, task, dataset, cfg, ctx
+    def __init__(self, model, task, dataset, cfg, ctx: DistContext, collate_fn, hooks, eval_fn, on_checkpoint, groups,
+                 fingerprint):
+        self.caller, self.task, self.dataset, self.cfg, self.ctx = model, task, dataset, cfg, ctx
         self.collate_fn, self.hooks, self.eval_fn, self.on_checkpoint, self.groups = (
             collate_fn, hooks, eval_fn, on_checkpoint, groups
         )
+        self.fingerprint = fingerprint
         self.out = Path(cfg.out_dir)
         self.ckpt_dir = self.out / CKPT_SUBDIR
         self.total = cfg.total_steps()
@@ -134,39 +152,36 @@ class _Run:
         if restart and ctx.is_main:
             remove_run_outputs(self.out, CKPT_SUBDIR, (METRICS_FILE,))
         ctx.barrier()
-        self.model.to(ctx.device)
-        self.model.train()
-        ctx.broadcast_module(self.model)
-        self.opt = HybridOptimizer(self.model, cfg, cfg.optimizer)
         path = latest_checkpoint(self.ckpt_dir)
-        if path is None:
+        state = read_state(path, cfg.config_hash(), self.fingerprint) if path is not None else None
+        self.engine = Engine(self.caller, ctx, bf16_params=self.precision == "bf16",
+                             activation_checkpointing=cfg.activation_checkpointing,
+                             extra_units=getattr(self.task, "shard_units", None))
+        self.model = self.engine.model
+        self.model.train()
+        kind = state["optimizer"] if state is not None else cfg.optimizer
+        self.opt = HybridOptimizer(self.model, cfg, kind)
+        if state is None:
             _seed_everything(cfg.seed + ctx.rank)
             self.metrics.resume(upto_step=0)
             return 0, 0
-        state = load_checkpoint(path, self.model, cfg.config_hash())
-        if state["world_size"] != ctx.world_size:
-            raise HybridlabError(
-                f"checkpoint {path} was written by {state['world_size']} processes, this run has "
-                f"{ctx.world_size}; resume with the same process count or rerun with --restart"
-            )
+        load_checkpoint(path, self.model, self.opt.optimizers, state)
         try:
-            if state["optimizer"]["kind"] != self.opt.kind:
-                self.opt = HybridOptimizer(self.model, cfg, state["optimizer"]["kind"])
-            self.opt.load_state_dict(state["optimizer"])
             self.sampler.load_state_dict(state["sampler"])
         except (ValueError, KeyError) as e:
             raise HybridlabError(
                 f"checkpoint {path} does not fit this run ({' '.join(str(e).split())[:200]}); "
                 "delete it or rerun with --restart"
             ) from e
-        restore_rng(state["rng"][ctx.rank])
+        rngs = state["rng"]
+        restore_rng(rngs[ctx.rank] if ctx.rank < len(rngs) else rngs[0])
         self.metrics.resume(upto_step=state["step"])
         self.last_ckpt = path
         return state["step"], state["tokens"]
 
     # ---- one update --------------------------------------------------------------------------
     def _update(self, step: int, want_groups: bool) -> dict[str, Any]:
-        cfg, ctx, model = self.cfg, self.ctx, self.model
+        cfg, ctx, model, engine = self.cfg, self.ctx, self.model, self.engine
         kind = cfg.optimizer_for_update(step)
         if kind != self.opt.kind:
             self.opt = self.opt.switch_to(model, cfg, kind)
@@ -178,30 +193,31 @@ class _Run:
 
         indices = self.sampler.next_indices(cfg.batch_size)
         mbs = cfg.micro_batch_size
+        scale = engine.loss_scale(cfg.grad_accum)
         keys: list[str] | None = None
         sums: torch.Tensor | None = None
         for j in range(ctx.rank, cfg.grad_accum, ctx.world_size):
             batch = _to_device(self.collate_fn([self.dataset[i] for i in indices[j * mbs : (j + 1) * mbs]]), ctx.device)
             with self._autocast():
-                loss, scalars = self.task.loss(model, batch)
+                loss, scalars = engine.run(self.task.loss, batch)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise HybridlabError(f"task.loss must return a scalar tensor first, got {type(loss).__name__}")
             if keys is None:
                 keys = sorted(scalars)
             elif sorted(scalars) != keys:
                 raise HybridlabError(f"task.loss returned scalars {sorted(scalars)} after {keys}; return the same keys")
-            (loss / cfg.grad_accum).backward()
+            (loss * scale).backward()
             vals = [loss.detach().double(), float(self.task.num_tokens(batch))] + [_as_float(scalars[k]) for k in keys]
             row = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=ctx.device).reshape(()) for v in vals])
             sums = row if sums is None else sums + row
         assert sums is not None and keys is not None  # grad_accum >= world_size
         ctx.all_reduce_sum_(sums)
-        params = [p for p in model.parameters()]
-        ctx.all_reduce_grads(params)
+        engine.fill_missing_grads()
+        params = list(model.parameters())
 
         stats = (sums / cfg.grad_accum).tolist()
         loss_mean, n_tokens = stats[0], int(round(sums[1].item()))
-        norm = grad_norm(params)
+        norm = engine.grad_norm(params)
         bad = "loss" if not math.isfinite(loss_mean) else "gradient norm" if not torch.isfinite(norm) else None
         if bad:
             where = self.last_ckpt if self.last_ckpt is not None else "none (no checkpoint written yet)"
@@ -212,9 +228,11 @@ class _Run:
         out = {"loss": loss_mean, "lr": cfg.lr * factor, "grad_norm": float(norm), "n_tokens": n_tokens}
         out.update({k: v for k, v in zip(keys, stats[2:])})
         if want_groups:
-            out.update({f"grad_norm/{g}": v for g, v in grad_norms_by_group(model.named_parameters(), self.groups).items()})
+            named = list(model.named_parameters())
+            out.update({f"grad_norm/{g}": float(engine.grad_norm(p for n, p in named if pred(n)))
+                        for g, pred in self.groups.items()})
         if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], cfg.grad_clip, norm)
+            engine.clip_(params, cfg.grad_clip, norm)
         self.opt.step()
         return out
 
@@ -229,7 +247,7 @@ class _Run:
         self.model.eval()
         try:
             with torch.no_grad():
-                result = self.eval_fn(self.model, step)
+                result = self.engine.run(self.eval_fn, step)
         finally:
             self.model.train()
             restore_rng(rng)
@@ -238,20 +256,26 @@ class _Run:
         return {f"eval/{k}": _as_float(v) for k, v in result.items()}
 
     def _checkpoint(self, step: int, tokens: int) -> None:
-        check_finite(self.model, step)  # on every rank (weights are identical), so no rank waits forever
+        ok, bad = self.engine.all_finite()  # the same verdict on every rank, so no rank waits forever
+        if not ok:
+            raise HybridlabError(
+                f"refusing to write checkpoint at step {step}: parameter {bad or '(on another rank)'} has NaN/Inf "
+                "values; lower the lr or check the data, then rerun to resume from the last good checkpoint"
+            )
         rngs = self.ctx.all_gather_object(capture_rng())
-        if self.ctx.is_main:
-            state = {
-                "tokens": tokens,
-                "config_hash": self.cfg.config_hash(),
-                "world_size": self.ctx.world_size,
-                "optimizer": self.opt.state_dict(),
-                "sampler": self.sampler.state_dict(),
-                "rng": rngs,
-            }
-            self.last_ckpt = save_checkpoint(self.ckpt_dir, step, self.model, state, self.cfg.keep_last_k)
-            if self.on_checkpoint is not None:
-                self.on_checkpoint(step)
+        state = {
+            "tokens": tokens,
+            "config_hash": self.cfg.config_hash(),
+            "fingerprint": self.fingerprint,
+            "world_size": self.ctx.world_size,
+            "optimizer": self.opt.kind,
+            "sampler": self.sampler.state_dict(),
+            "rng": rngs,
+        }
+        self.last_ckpt = save_checkpoint(self.ckpt_dir, step, self.model, self.opt.optimizers, state,
+                                         self.cfg.keep_last_k, is_main=self.ctx.is_main, barrier=self.ctx.barrier)
+        if self.on_checkpoint is not None and self.ctx.is_main:
+            self.on_checkpoint(step)
         self.ctx.barrier()
 
     # ---- driver --------------------------------------------------------------------------------
@@ -283,8 +307,13 @@ class _Run:
                     t_last, tok_last = time.perf_counter(), tokens
                 if is_last or (cfg.ckpt_every is not None and step % cfg.ckpt_every == 0):
                     self._checkpoint(step, tokens)
+        except BaseException:
+            if hasattr(self, "engine"):
+                self.engine.abandon()
+            raise
         finally:
             bar.close()
+        self.engine.finish()
         return TrainResult(step, tokens, self.out, latest_checkpoint(self.ckpt_dir), self.out / METRICS_FILE)
 
 

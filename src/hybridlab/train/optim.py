@@ -17,6 +17,13 @@ Parameter classification (by name from `model.named_parameters()`, tied weights 
 Muon's lr is `cfg.muon_lr` (default: `cfg.lr`) and by default uses `adjust_lr_fn="match_rms_adamw"`
 (update RMS matched to AdamW's), so AdamW's lr and weight decay can be reused as is.
 
+Under FSDP2 the parameters are DTensor shards. AdamW is element-wise and runs on them as they are.
+Muon is not: Newton-Schulz orthogonalises a whole matrix, and on a shard it would orthogonalise a
+slice. `ShardedMuon` (used for every Muon group, sharded or not) keeps the momentum on the shard,
+gathers each matrix's full update, orthogonalises it on one owner rank (matrices are dealt round
+robin over ranks) and scatters the result back as shards, so the update equals the unsharded one.
+On plain tensors it is torch.optim.Muon's update exactly.
+
 Frozen parameters (requires_grad False, so `.grad is None` after `zero_grad(set_to_none=True)`) are
 skipped by both torch optimisers entirely: no update, no weight decay, no state change.
 """
@@ -113,7 +120,7 @@ class HybridOptimizer:
                 groups["adamw"], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
             )
         if "muon" in groups:
-            self.optimizers["muon"] = torch.optim.Muon(
+            self.optimizers["muon"] = ShardedMuon(
                 groups["muon"],
                 lr=cfg.muon_lr or cfg.lr,
                 weight_decay=cfg.weight_decay,
@@ -168,3 +175,52 @@ class HybridOptimizer:
                     if p in old_adamw.state:
                         new_adamw.state[p] = old_adamw.state[p]
         return new
+
+
+class ShardedMuon(torch.optim.Muon):
+    """torch.optim.Muon whose orthogonalisation sees full matrices when parameters are DTensor shards."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        owner = 0
+        for group in self.param_groups:
+            lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.ndim != 2:
+                    raise HybridlabError(f"Muon got a {p.grad.ndim}-D parameter; Muon takes 2-D matrices only")
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                if not isinstance(p, DTensor):
+                    buf.lerp_(p.grad, 1 - mom)
+                    update = p.grad.lerp(buf, mom) if group["nesterov"] else buf
+                    update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                    p.mul_(1 - lr * wd)
+                    p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                    continue
+                g_loc, buf_loc, p_loc = p.grad.to_local(), buf.to_local(), p.to_local()
+                buf_loc.lerp_(g_loc, 1 - mom)
+                upd_loc = g_loc.lerp(buf_loc, mom) if group["nesterov"] else buf_loc
+                upd = DTensor.from_local(upd_loc, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                full = upd.full_tensor()  # every rank gathers; only the owner orthogonalises
+                me = p.device_mesh.get_local_rank()
+                if me == owner % p.device_mesh.size():
+                    ortho = _zeropower_via_newtonschulz(full, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                else:
+                    ortho = torch.empty(full.shape, dtype=torch.bfloat16, device=full.device)
+                shard = distribute_tensor(ortho, p.device_mesh, p.placements,
+                                          src_data_rank=owner % p.device_mesh.size()).to_local()
+                owner += 1
+                p_loc.mul_(1 - lr * wd)
+                p_loc.add_(shard, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss
