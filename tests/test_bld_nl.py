@@ -1,10 +1,6 @@
-"""BLD on natural language: NoPE hybrid, arms, freeze/optimiser schedule, data glue; lm-eval wrapper arguments."""
-
-import sys
-import types
+"""BLD on natural language: NoPE hybrid, arms, freeze/optimiser schedule, data glue (lm-eval: test_lm_eval_tasks.py)."""
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 
@@ -227,79 +223,3 @@ def test_documents_and_windows_by_hand():
         bld_nl.long_document_windows(docs, 8, 1)
     assert bld_nl.stream_windows(stream, 5, 10).tolist() == [[5, 6, 7, 0, 8], [9, 0, 1, 2, 3], [4, 5, 6, 7, 0]]
 
-
-# ---- lm-eval wrapper ----------------------------------------------------------------------------------------------
-
-
-def test_lm_eval_arguments():
-    from hybridlab.eval.lm_eval import PAPER_TASKS, LMEvalConfig, build_arguments
-
-    hflm, ev = build_arguments(LMEvalConfig(ruler_lengths=(4096, 1024), batch_size=2, limit=10),
-                               tokenizer_name="Qwen/Qwen3-4B")
-    assert ev["tasks"] == list(PAPER_TASKS) + ["ruler"]
-    assert set(PAPER_TASKS) >= {"arc_easy", "arc_challenge", "hellaswag", "piqa", "boolq", "winogrande",
-                                "lambada_openai", "wikitext", "swde", "fda", "squad_completion"}
-    assert ev["metadata"] == {"max_seq_lengths": [1024, 4096], "tokenizer": "Qwen/Qwen3-4B"}
-    assert hflm == {"batch_size": 2, "max_length": 4096} and ev["limit"] == 10 and ev["log_samples"] is False
-    hflm, ev = build_arguments(LMEvalConfig(tasks=("piqa",), ruler_lengths=()), tokenizer_name="x")
-    assert ev["tasks"] == ["piqa"] and "metadata" not in ev and "max_length" not in hflm
-
-
-def test_lm_eval_not_installed_is_one_line(monkeypatch):
-    from hybridlab.eval import lm_eval as wrapper
-
-    monkeypatch.setitem(sys.modules, "lm_eval", None)  # makes `import lm_eval` raise ImportError
-    with pytest.raises(HybridlabError, match="lm-eval is not installed") as info:
-        wrapper.run_lm_eval(object(), object(), wrapper.LMEvalConfig(), tokenizer_name="t", model_name="m")
-    assert "\n" not in str(info.value) and "pip install" in str(info.value)
-
-
-def _fake_lm_eval(monkeypatch, evaluate):
-    calls = {}
-    pkg, models, hf = (types.ModuleType(n) for n in ("lm_eval", "lm_eval.models", "lm_eval.models.huggingface"))
-
-    class HFLM:
-        def __init__(self, pretrained, tokenizer, **kw):
-            calls["hflm"] = (pretrained, tokenizer, kw)
-
-    def simple_evaluate(model, **kw):
-        calls["evaluate"] = (model, kw)
-        return evaluate()
-
-    hf.HFLM, pkg.simple_evaluate, pkg.models, models.huggingface = HFLM, simple_evaluate, models, hf
-    for name, mod in (("lm_eval", pkg), ("lm_eval.models", models), ("lm_eval.models.huggingface", hf)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    return calls
-
-
-def test_lm_eval_results_become_tidy_rows(monkeypatch):
-    from hybridlab.eval import lm_eval as wrapper
-
-    results = {"results": {"piqa": {"alias": "piqa", "acc,none": 0.6, "acc_stderr,none": 0.01, "acc_norm,none": 0.62,
-                                    "acc_norm_stderr,none": "N/A"},
-                           "ruler": {"alias": "ruler", "1024,none": 0.5, "1024_stderr,none": "N/A"}}}
-    calls = _fake_lm_eval(monkeypatch, lambda: results)
-    model, tok = object(), object()
-    df = wrapper.run_lm_eval(model, tok, wrapper.LMEvalConfig(tasks=("piqa",), ruler_lengths=(1024,)),
-                             tokenizer_name="tokdir", model_name="kda-bld")
-    assert calls["hflm"][0] is model and calls["hflm"][1] is tok  # the already-loaded model is wrapped
-    assert calls["evaluate"][1]["tasks"] == ["piqa", "ruler"]
-    assert df.sort(["task", "metric"]).rows() == [
-        ("kda-bld", "piqa", "acc", "none", 0.6, 0.01), ("kda-bld", "piqa", "acc_norm", "none", 0.62, None),
-        ("kda-bld", "ruler", "1024", "none", 0.5, None)]
-    assert df.schema == pl.Schema(wrapper.ROW_SCHEMA)
-
-
-def test_lm_eval_offline_is_one_line(monkeypatch):
-    from hybridlab.eval import lm_eval as wrapper
-
-    def offline():
-        try:
-            raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (LocalEntryNotFoundError)")
-        except ConnectionError as exc:
-            raise RuntimeError("task setup failed") from exc
-
-    _fake_lm_eval(monkeypatch, offline)
-    with pytest.raises(HybridlabError, match="offline or unreachable hub") as info:
-        wrapper.run_lm_eval(object(), object(), wrapper.LMEvalConfig(), tokenizer_name="t", model_name="m")
-    assert "\n" not in str(info.value)

@@ -397,8 +397,8 @@ class _ChunkedCE(torch.autograd.Function):
             for v0 in range(0, V, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, V)
                 gz = side(r0, r1, v0, v1).sub_(lse_N[r0:r1, None]).exp_()  # p
-                rows = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
-                gz[rows, t[rows] - v0] -= 1.0  # p - onehot(target)
+                inside = ((t >= v0) & (t < v1)).to(gz.dtype)  # p - onehot(target), without a host sync:
+                gz.scatter_add_(1, (t - v0).clamp_(0, v1 - v0 - 1)[:, None], inside.neg_()[:, None])
                 acc.add(gz.mul_(g_N[r0:r1, None]), r0, r1, v0, v1)
         return (None, None, None, None, None, *acc.result())
 
