@@ -1,8 +1,11 @@
-"""Paper preset: parallel text from FLoRes+ and monolingual text from FineWeb-2 + FineWeb/DCLM (the hub).
+"""Hub presets: parallel text from FLoRes+ (or the FLORES-200 release) and monolingual text from FineWeb-2 +
+FineWeb/DCLM.
 
 Writes the same files as the offline builder: parallel.parquet, mono.parquet, manifest.json.
-Optional params `flores_path`, `fineweb2_path`, `english_web_path` point at local copies in the hub
-layout (`<dir>/<config>/<split>.parquet`), e.g. a mirror on a cluster without internet.
+Param `local_sources` ({flores_plus, flores200, fineweb2, fineweb, dclm}: directory or null, from the
+config key of the same name) points at local copies in each hub's own layout (see
+`hybridlab.data.local_sources`); null reads the hub, or its snapshot in the HF cache when
+HF_HUB_OFFLINE=1. `flores200` set: the parallel text is the FLORES-200 text release.
 """
 
 import json
@@ -22,23 +25,34 @@ def main() -> None:
     import polars as pl
 
     from hybridlab.data import hub
+    from hybridlab.errors import HybridlabError
 
+    local = params.get("local_sources") or {}
+    unknown = sorted(set(local) - set(hub.LAYOUTS))
+    if unknown:
+        raise HybridlabError(f"local_sources: unknown dataset keys {unknown}; known: {', '.join(hub.LAYOUTS)}")
     english = params["english"]
     token = os.environ.get("HF_TOKEN")
-    flores = params.get("flores_path") or hub.FLORES
-    parallel = hub.load_flores([english] + [x for x in params["parallel_languages"] if x != english],
-                               params.get("flores_split", "devtest"), path_or_name=flores, token=token)
-    mono_langs = [x for x in params["mono_languages"] if x != english]
+    split = params.get("flores_split", "devtest")
+    par_langs = [english] + [x for x in params["parallel_languages"] if x != english]
+    if local.get("flores200"):
+        if local.get("flores_plus"):
+            raise HybridlabError("local_sources sets both flores_plus and flores200; keep the one parallel source")
+        parallel = hub.load_flores200(par_langs, split, local=local["flores200"])
+        par_source = str(local["flores200"])
+    else:
+        parallel = hub.load_flores(par_langs, split, local=local.get("flores_plus"), token=token)
+        par_source = str(local.get("flores_plus") or hub.FLORES)
+    web = params.get("english_web", "fineweb")
     mono = pl.concat([
-        hub.load_fineweb2(mono_langs, params["fineweb2_docs_per_language"],
-                          path_or_name=params.get("fineweb2_path") or hub.FINEWEB2, token=token),
-        hub.load_english_web(params["english_web_docs"], source=params.get("english_web", "fineweb"),
-                             path_or_name=params.get("english_web_path"), token=token),
+        hub.load_fineweb2([x for x in params["mono_languages"] if x != english],
+                          params["fineweb2_docs_per_language"], local=local.get("fineweb2"), token=token),
+        hub.load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token),
     ])
     manifest = {
         "source": "hub",
-        "datasets": {"parallel": str(flores), "mono": str(params.get("fineweb2_path") or hub.FINEWEB2),
-                     "english": params.get("english_web", "fineweb")},
+        "datasets": {"parallel": par_source, "mono": str(local.get("fineweb2") or hub.FINEWEB2),
+                     "english": str(local.get(web) or hub.HUB_NAMES[web])},
         "parallel": parallel.group_by("lang").len().sort("lang").rows(),
         "mono_docs": mono.group_by("lang").len().sort("lang").rows(),
         "unavailable": {},

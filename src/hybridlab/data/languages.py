@@ -4,8 +4,30 @@ Definitions this module owns:
 
 - A language code is FLoRes / FineWeb-2 style `<iso639-3>_<ISO 15924 script>`, e.g. `eng_Latn`,
   `tel_Telu`, `zho_Hans`. It is the project's key for a language everywhere (parquet `lang` column,
-  config lists). Where a hub dataset spells a language differently the `Language` record says so:
-  FLoRes+ names Simplified Chinese `cmn_Hans`, FineWeb-2 names all Mandarin `cmn_Hani`.
+  config lists). Where a dataset spells a language differently the `Language` record says so, and
+  every loader asks `dataset_config(code, dataset)` for the name (never the project code itself):
+
+  | dataset (`DATASETS` key) | differs from the project code |
+  |---|---|
+  | FLoRes+ `openlanguagedata/flores_plus` (`flores_plus`) | Chinese: `cmn_Hans` / `cmn_Hant` |
+  | FLORES-200 text release (`flores200`) | none (`zho_Hans`, `zho_Hant`, `pes_Arab`, ...) |
+  | FineWeb-2 `HuggingFaceFW/fineweb-2` (`fineweb2`) | Chinese: `cmn_Hani` (both scripts); Persian: `fas_Arab`; no English |
+
+  Where the names were checked (every code of the registry, by script, against these lists):
+  * FLoRes+: the language-coverage table of the FLoRes+ 2.0-rc.3 README (github
+    openlanguagedata/flores at 39f541f, the last release before that repository moved to the hub
+    dataset; one `dataset_cards/<config>.md` per config, e.g. `cmn_Hans.md`). All 53 present, with
+    `cmn_Hans`, `cmn_Hant`, `pes_Arab`, `ary_Arab`, `khk_Cyrl`, `npi_Deva`, `swh_Latn`. Not
+    verifiable here: the gated hub card itself (configs added after 2.0-rc.3 are not needed).
+  * FLORES-200: the language table of github facebookresearch/flores `flores200/README.md` (all 53
+    present under the project code: `zho_Hans`, `zho_Hant`, `pes_Arab`, ...).
+  * FineWeb-2: the `subset` column of `fineweb2-language-distribution.csv` in github
+    huggingface/fineweb-2 (d0defb2), which lists the hub dataset's subsets and splits: `cmn_Hani`
+    and `fas_Arab` exist, `pes_Arab`, `zho_Hans`, `cmn_Hans` and `eng_Latn` do not; the other 51
+    codes exist under the project code. FineWeb-2 has one Mandarin subset, so `zho_Hans` and
+    `zho_Hant` share `cmn_Hani` (a corpus may list only one of them). The hub card's YAML config
+    list itself was not readable here; the per-language filter configs `configs/<subset>.yml` of the
+    same repository agree.
 - `gettext_locales` are the locale directory names under which Debian/Ubuntu packages ship a
   language's `.mo` catalogues (`te`, `zh_CN`, `sr`...), most preferred first. LibreOffice spells them
   with a hyphen (`zh-CN`); `normalise_locale` maps both to the underscore form. Script variants that
@@ -49,14 +71,16 @@ class Language:
     gettext_locales: tuple[str, ...]   # Debian catalogue locale dirs, most preferred first
     flores_config: str | None          # config name in openlanguagedata/flores_plus (None: absent)
     fineweb2_config: str | None        # config name in HuggingFaceFW/fineweb-2 (None: absent)
+    flores200_code: str | None = None  # file name stem in the FLORES-200 text release (None: absent)
 
 
 def _lang(code: str, name: str, locales: tuple[str, ...], flores: str | None = "",
-          fineweb2: str | None = "") -> Language:
+          fineweb2: str | None = "", flores200: str | None = "") -> Language:
     iso, script = code.split("_")
-    # "" means "same as the project code"; None means the hub dataset has no such config.
-    return Language(code, iso, script, name, locales,
-                    code if flores == "" else flores, code if fineweb2 == "" else fineweb2)
+    # "" means "same as the project code"; None means the dataset has no such config.
+    def same(v):
+        return code if v == "" else v
+    return Language(code, iso, script, name, locales, same(flores), same(fineweb2), same(flores200))
 
 
 _LANGUAGES = [
@@ -66,7 +90,7 @@ _LANGUAGES = [
     _lang("zho_Hans", "Chinese (Simplified)", ("zh_CN", "zh_SG"), flores="cmn_Hans", fineweb2="cmn_Hani"),
     _lang("hin_Deva", "Hindi", ("hi", "hi_IN")),
     _lang("tha_Thai", "Thai", ("th", "th_TH")),
-    _lang("pes_Arab", "Persian", ("fa", "fa_IR")),
+    _lang("pes_Arab", "Persian", ("fa", "fa_IR"), fineweb2="fas_Arab"),  # FineWeb-2 has fas_Arab only
     _lang("ben_Beng", "Bengali", ("bn", "bn_BD", "bn_IN")),
     _lang("srp_Cyrl", "Serbian (Cyrillic)", ("sr", "sr_RS")),
     _lang("ary_Arab", "Moroccan Arabic", ("ary",)),
@@ -149,6 +173,25 @@ def get_language(code: str) -> Language:
     if code not in LANGUAGES:
         raise HybridlabError(f"unknown language code '{code}'; known codes: {', '.join(sorted(LANGUAGES))}")
     return LANGUAGES[code]
+
+
+# Datasets that name languages, with the Language field holding each one's name for a language.
+DATASETS: dict[str, tuple[str, str]] = {
+    "flores_plus": ("FLoRes+ (openlanguagedata/flores_plus)", "flores_config"),
+    "flores200": ("the FLORES-200 text release", "flores200_code"),
+    "fineweb2": ("FineWeb-2 (HuggingFaceFW/fineweb-2)", "fineweb2_config"),
+}
+
+
+def dataset_config(code: str, dataset: str) -> str:
+    """The config / file name `dataset` uses for project language `code`; HybridlabError if it has none."""
+    if dataset not in DATASETS:
+        raise HybridlabError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    title, field = DATASETS[dataset]
+    name = getattr(get_language(code), field)
+    if name is None:
+        raise HybridlabError(f"{title} has no language {code}; drop {code} from the list that reads {title}")
+    return name
 
 
 def normalise_locale(locale: str) -> str:

@@ -1,0 +1,40 @@
+"""Local copies in each hub's exact layout (FLoRes+, FLORES-200, FineWeb-2, FineWeb, DCLM) from a corpus.
+
+Reads the corpus step's parallel.parquet and mono.parquet (the offline corpus) and writes, under
+--out, the directories `hybridlab.data.hub_layout` describes; point a preset's `local_sources` at them
+(`<out>/flores_plus`, `<out>/fineweb-2`, ...) to run the hub loaders without the hub.
+Params: `split` (FLoRes split to write, default devtest), `shards` (files per config, default 2).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = _common.parser(__doc__)
+    p.add_argument("--parallel", required=True, help="parallel.parquet (sid, lang, text, source)")
+    p.add_argument("--mono", required=True, help="mono.parquet (doc_id, lang, text, source)")
+    p.add_argument("--out", required=True, help="output directory (replaced)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+
+    from hybridlab.data.hub_layout import write_hub_layout
+
+    out = Path(args.out)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dirs = write_hub_layout(pl.read_parquet(args.parallel), pl.read_parquet(args.mono), tmp,
+                            split=params.get("split", "devtest"), shards=params.get("shards", 2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    print(json.dumps({k: str(out / v.name) for k, v in dirs.items()}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    _common.run(main)
