@@ -16,7 +16,9 @@ import _common
 def main() -> None:
     p = _common.parser(__doc__)
     p.add_argument("--models", nargs="+", required=True, help="model directories")
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory or hub id (RULER builds inputs with it)")
+    p.add_argument("--tokenizer", nargs="+", required=True,
+                   help="each model's tokenizer directory or hub id, in --models order (or one for all); RULER "
+                        "builds inputs with it")
     p.add_argument("--out", required=True, help="results table (parquet)")
     args = p.parse_args()
     params = _common.load_params(args.params)
@@ -24,6 +26,7 @@ def main() -> None:
     import polars as pl
 
     from hybridlab.data.tokenizer import load_tokenizer
+    from hybridlab.errors import HybridlabError
     from hybridlab.eval.lm_eval import RULER_TASKS, LMEvalConfig, require_lm_eval, run_lm_eval
     from hybridlab.models.registry import load_causal_lm
 
@@ -33,12 +36,16 @@ def main() -> None:
                        ruler_tasks=c.get("ruler_tasks", RULER_TASKS), ruler_exclude=c.get("ruler_exclude", ()),
                        num_fewshot=c.get("num_fewshot"), batch_size=c["batch_size"], limit=c.get("limit"),
                        max_length=c.get("max_length"), seed=params["seed"])
-    tok = load_tokenizer(args.tokenizer)
+    if len(args.tokenizer) not in (1, len(args.models)):
+        raise HybridlabError(f"--tokenizer: {len(args.tokenizer)} tokenizers for {len(args.models)} models; give one "
+                             "per model (same order) or one for all")
+    tok_paths = args.tokenizer * len(args.models) if len(args.tokenizer) == 1 else args.tokenizer
     tables = []
-    for model_dir in args.models:
+    for model_dir, tok_path in zip(args.models, tok_paths):
         name = "/".join(Path(model_dir).parts[-2:])
+        tok = load_tokenizer(tok_path)  # the evaluated model's own tokenizer
         model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
-        tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=args.tokenizer, model_name=name))
+        tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name))
         del model
     tmp = f"{args.out}.tmp"
     pl.concat(tables).write_parquet(tmp)
