@@ -289,7 +289,7 @@ LM_BENCHMARK_TOKENIZERS = ([teacher_dir(t) for t in TEACHERS] + [teacher_dir(t) 
 
 
 rule eval_lm_benchmarks:
-    """lm-eval (arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, swde, fda, squad_completion, RULER)."""
+    """lm-eval: arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, the six recall tasks, RULER 1K-16K."""
     input:
         models=[f"{d}/model.safetensors" for d in LM_BENCHMARK_MODELS],
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
