@@ -1,4 +1,5 @@
 import json
+import zlib
 
 import numpy as np
 import polars as pl
@@ -152,3 +153,100 @@ def test_with_real_bpe_tokenizer(tmp_path):
     hin_row = mix.tokens_NS[mix.meta["lang"].to_list().index("hin_Deva")]
     assert "बिल्ली" in tok.decode(hin_row.tolist()) or "चटाई" in tok.decode(hin_row.tolist())
     assert (mix.tokens_NS == tok.eos_token_id).any()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Contiguous packing: exact rows and document starts of toy streams, whole-block shuffling, masks.
+
+from hybridlab.data.packing import (  # noqa: E402
+    check_row_blocks,
+    cu_seqlens,
+    document_causal_mask,
+    pack_stream,
+    position_ids,
+    segment_lengths,
+)
+
+
+def test_pack_stream_rows_and_doc_starts_exact():
+    # stream: 1 2 3 0 | 4 5 0 6 | 6 6 6 6 | 6 0 7 0 | (8 0 dropped: tail)
+    docs = [[1, 2, 3], [4, 5], [6, 6, 6, 6, 6, 6], [7], [8]]
+    rows, starts = pack_stream(docs, seq_len=4, eos_id=0)
+    assert rows.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6], [6, 6, 6, 6], [6, 0, 7, 0]]
+    # doc offsets in the stream: 0, 4, 7, 14, 16 (16 is in the dropped tail)
+    assert [s.tolist() for s in starts] == [[0], [0, 3], [], [2]]
+    # the long document [6]*6 spans rows 1..3 (consecutive), never split by anything but row cuts
+    assert rows[1, 3] == 6 and (rows[2] == 6).all() and rows[3, 0] == 6
+
+
+def _block_corpus():
+    """English only: doc k is (k+1) repeated 7 times -> 8 tokens per doc with EOS."""
+    return pl.DataFrame([{"doc_id": f"d{k:02d}", "lang": "eng_Latn", "text": " ".join([str(k + 1)] * 7),
+                          "source": "t"} for k in range(40)])
+
+
+def test_blocks_keep_consecutive_rows_together():
+    kw = dict(languages=[], english_share=1.0, seq_len=4, total_tokens=4 * 24, val_fraction=0.1, seed=3)
+    mix = pack_mixture(_block_corpus(), IdTokenizer(), block_rows=4, **kw)
+    s = mix.stats["languages"]["eng_Latn"]
+    # 24 rows: val = round(2.4) = 2 -> whole blocks of 4 -> 4 rows; train 20 rows = 5 blocks
+    assert (s["val_rows"], s["train_rows"]) == (4, 20) and mix.stats["block_rows"] == 4
+    train = mix.tokens_NS[:20]
+    # docs in the language's shuffled order; val takes the first 2 (16 tokens = 4 rows), train the next 10
+    order = np.random.default_rng([3, zlib.crc32(b"eng_Latn")]).permutation(40) + 1
+    stream_blocks = [[a] * 7 + [0] + [b] * 7 + [0] for a, b in zip(order[2:12:2], order[3:12:2])]
+    block_perm = np.random.default_rng(3).permutation(5)
+    for j in range(5):
+        # block j of the stored rows is stream block block_perm[j]: 16 consecutive tokens, 2 whole docs
+        assert train[4 * j:4 * j + 4].reshape(-1).tolist() == stream_blocks[block_perm[j]]
+        assert [x.tolist() for x in mix.doc_starts[4 * j:4 * j + 4]] == [[0], [], [0], []]
+    assert mix.tokens_NS[20:].reshape(-1).tolist() == [order[0]] * 7 + [0] + [order[1]] * 7 + [0]
+
+
+def test_block_rows_one_is_the_row_shuffle_and_max_id_recorded():
+    kw = dict(languages=[], english_share=1.0, seq_len=4, total_tokens=4 * 24, val_fraction=0.1, seed=3)
+    a = pack_mixture(_block_corpus(), IdTokenizer(), **kw)
+    order = np.random.default_rng([3, zlib.crc32(b"eng_Latn")]).permutation(40) + 1
+    # 24 rows: val 2 rows (1 doc), train 22 rows (11 docs), rows shuffled one by one
+    stream = np.array([t for d in order[1:12] for t in [d] * 7 + [0]]).reshape(22, 4)
+    perm = np.random.default_rng(3).permutation(22)
+    assert a.tokens_NS[:22].tolist() == stream[perm].tolist()
+    assert a.stats["max_token_id"] == int(max(order[:12]))
+
+
+def test_doc_starts_written_and_read_back(tmp_path):
+    kw = dict(languages=[], english_share=1.0, seq_len=4, total_tokens=4 * 24, val_fraction=0.1, seed=3)
+    mix = pack_mixture(_block_corpus(), IdTokenizer(), block_rows=4, **kw)
+    write_packed(tmp_path, mix)
+    train = PackedDataset(tmp_path, "train")
+    assert train.block_rows == 4 and train.eos_id == 0
+    for i in range(len(train)):
+        assert train.doc_starts(i).tolist() == mix.doc_starts[train.rows[i]].tolist()
+        # a start is exactly the first token after an EOS (or row position 0 after the previous row's EOS)
+        row = train[i].numpy()
+        for s in train.doc_starts(i):
+            assert s == 0 or row[s - 1] == 0
+    check_row_blocks(train, 4, "test")
+    check_row_blocks(train, 2, "test")
+    with pytest.raises(HybridlabError, match="joins 3 packed rows but .* blocks of 4"):
+        check_row_blocks(train, 3, "test")
+    write_packed(tmp_path / "one", pack_mixture(_block_corpus(), IdTokenizer(), **kw))
+    with pytest.raises(HybridlabError, match="bld_nl x: a sequence joins 4 packed rows"):
+        check_row_blocks(PackedDataset(tmp_path / "one", "train"), 4, "bld_nl x")
+
+
+def test_document_mask_helpers_exact():
+    # T = 6, documents start at 0 and 4 -> segments [0,4), [4,6)
+    assert segment_lengths([0, 4], 6).tolist() == [4, 2]
+    assert position_ids([0, 4], 6).tolist() == [0, 1, 2, 3, 0, 1]
+    # a row that continues a document from the previous row (no start at 0): [0,2) [2,6)
+    assert segment_lengths([2], 6).tolist() == [2, 4]
+    assert position_ids([], 6).tolist() == [0, 1, 2, 3, 4, 5]
+    # fla varlen: a batch of two rows flattened to [1, 12]
+    assert cu_seqlens([[0, 4], [2]], 6).tolist() == [0, 4, 6, 8, 12]
+    m = document_causal_mask([0, 2], 4)
+    assert m.astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    with pytest.raises(HybridlabError, match="ascending"):
+        segment_lengths([3, 1], 6)
+    with pytest.raises(HybridlabError, match="inside"):
+        segment_lengths([6], 6)
