@@ -52,6 +52,13 @@ MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]] + [(t, "engli
 SR_SPLITS = ["train", "val", "test"]
 
 
+from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, job_environment, local_sources
+
+# Every job of the preset gets HF_HOME / HF_HUB_OFFLINE / the model-directory map of `local_sources`
+# (set here, at parse time, so local jobs and cluster jobs, which re-parse the Snakefile, inherit it).
+os.environ.update(job_environment(C))
+
+
 def corpus_params():
     """Parameters of the corpus step: OfflineCorpusConfig fields offline, loader options for the hub."""
     if OFFLINE:
@@ -64,7 +71,9 @@ def corpus_params():
         keys = ["parallel_languages", "mono_languages", "flores_split", "fineweb2_docs_per_language",
                 "english_web", "english_web_docs"]
         p = {k: DATA[k] for k in keys if k in DATA}
-        p.update(english=C["languages"]["english"])
+        # local copies in the hub layouts (config `local_sources`; None = the hub or the HF cache)
+        src = local_sources(C)
+        p.update(english=C["languages"]["english"], local_sources={k: src[k] for k in LOCAL_DATASET_KEYS})
     return as_json(p)
 
 

@@ -3,11 +3,13 @@
 import pytest
 
 from hybridlab.data.languages import (
+    DATASETS,
     ENGLISH,
     FINEWEB2_PROJECT_LANGUAGES,
     FLORES_PAPER_LANGUAGES,
     LANGUAGES,
     SCRIPTS,
+    dataset_config,
     dominant_script,
     get_language,
     language_for_locale,
@@ -39,6 +41,26 @@ def test_registry_entries_are_consistent():
     assert (zh.flores_config, zh.fineweb2_config, zh.gettext_locales[0]) == ("cmn_Hans", "cmn_Hani", "zh_CN")
     assert get_language("tel_Telu").fineweb2_config == "tel_Telu"
     assert get_language(ENGLISH).fineweb2_config is None  # FineWeb-2 has no English
+
+
+def test_dataset_config_names_checked_against_the_datasets_lists():
+    # FLoRes+ 2.0 coverage table, FLORES-200 language table, FineWeb-2 subset list (see languages docstring)
+    expect = {"zho_Hans": ("cmn_Hans", "zho_Hans", "cmn_Hani"), "zho_Hant": ("cmn_Hant", "zho_Hant", "cmn_Hani"),
+              "pes_Arab": ("pes_Arab", "pes_Arab", "fas_Arab"), "ary_Arab": ("ary_Arab", "ary_Arab", "ary_Arab"),
+              "jpn_Jpan": ("jpn_Jpan", "jpn_Jpan", "jpn_Jpan"), "kor_Hang": ("kor_Hang", "kor_Hang", "kor_Hang")}
+    for code, names in expect.items():
+        assert tuple(dataset_config(code, d) for d in ("flores_plus", "flores200", "fineweb2")) == names
+    assert dataset_config(ENGLISH, "flores_plus") == ENGLISH
+    with pytest.raises(HybridlabError, match="FineWeb-2 .* has no language eng_Latn") as info:
+        dataset_config(ENGLISH, "fineweb2")
+    assert "\n" not in str(info.value)
+    with pytest.raises(HybridlabError, match="unknown dataset 'c4'"):
+        dataset_config("tel_Telu", "c4")
+    # only the documented languages differ from the project code
+    differs = {(c, d) for c in LANGUAGES for d in DATASETS
+               if (n := getattr(LANGUAGES[c], DATASETS[d][1])) is not None and n != c}
+    assert differs == {("zho_Hans", "flores_plus"), ("zho_Hant", "flores_plus"), ("zho_Hans", "fineweb2"),
+                       ("zho_Hant", "fineweb2"), ("pes_Arab", "fineweb2")}
 
 
 @pytest.mark.parametrize("code", ["eng_latn", "en_Latn", "eng-Latn", "engl_Latn", "eng_LATN", "", "eng_Latn "])

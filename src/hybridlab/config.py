@@ -96,6 +96,10 @@ def _check_meaning(config: dict) -> None:
             get_language(code)
         except HybridlabError as exc:
             raise HybridlabError(f"config: {where}: {exc}") from None
+    # hub presets: every language exists in each dataset it is read from (FLoRes+/FLORES-200, FineWeb-2)
+    from hybridlab.data.local_sources import check_hub_languages
+
+    check_hub_languages(config)
 
     for scale, preset in config["presets"].items():
         sr = preset["data"]["spaced_retrieval"]

@@ -28,6 +28,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from hybridlab.data.local_sources import resolve_model_source
 from hybridlab.errors import HybridlabError
 
 HYBRID_SPEC = "hybrid.json"
@@ -133,6 +134,7 @@ def load_causal_lm(name_or_path, *, dtype=None, trust_remote_code: bool = False,
     from hybridlab.models.native import patch_model_for_device
 
     torch_dtype = _resolve_dtype(dtype)
+    name_or_path = resolve_model_source(name_or_path)  # config local_sources.models: hub id -> local dir
     local = _local_dir(name_or_path)
     name = os.fspath(name_or_path)
     if local is not None and _is_hybrid_dir(local):
@@ -165,6 +167,7 @@ def load_tokenizer_for(name_or_path):
     """Load the tokenizer of a hub id or local directory (for a hybrid: the one saved next to it)."""
     from transformers import AutoTokenizer
 
+    name_or_path = resolve_model_source(name_or_path)
     local = _local_dir(name_or_path)
     name = os.fspath(name_or_path)
     if local is not None and not any((local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
