@@ -46,9 +46,41 @@ def as_json(obj):
     return json.dumps(obj, sort_keys=True)
 
 
-def gpus(n_paper):
-    """GPUs a rule asks for: n at the paper preset, none on the CPU presets."""
-    return n_paper if ON_GPU else 0
+# Memory plan (hybridlab.train.plan, `hybridlab plan`): at the paper preset every job's estimated peak per
+# GPU is checked here, before anything is submitted; GPU memory from HYBRIDLAB_GPU_MEM_GB (default 80).
+GPU_MEM_GB = float(os.environ.get("HYBRIDLAB_GPU_MEM_GB", "80"))
+
+
+def _memory_plan():
+    if not ON_GPU:
+        return []
+    from hybridlab.train.plan import plan_preset, refuse_unfit
+
+    try:
+        plans = plan_preset(config, gpu_mem_gb=GPU_MEM_GB)
+        refuse_unfit(plans, GPU_MEM_GB)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    return plans
+
+
+MEMORY_PLAN = _memory_plan()
+
+
+def gpus(job, at_least=1):
+    """GPUs a rule asks for at the paper preset (none on the CPU presets).
+
+    `job` is a plan job-name prefix (e.g. "distill_stage2"): the request is the smallest GPU count the plan
+    fits it in, but at least `at_least` (the count the preset's batch settings assume); an int is a fixed count.
+    """
+    if not ON_GPU:
+        return 0
+    if isinstance(job, int):
+        return job
+    from hybridlab.train.plan import gpus_for
+
+    return max(at_least, gpus_for(MEMORY_PLAN, job, GPU_MEM_GB))
 
 
 CPU_ENV = "../envs/cpu.yaml"

@@ -144,7 +144,7 @@ rule eval_perplexity:
     resources:
         mem_mb=16000 if OFFLINE else 64000,
         runtime=60 if OFFLINE else 240,
-        gpu=gpus(1),
+        gpu=gpus("eval_perplexity"),
     conda:
         CUDA_ENV
     shell:
@@ -171,7 +171,7 @@ rule eval_niah:
     resources:
         mem_mb=8000 if OFFLINE else 96000,
         runtime=30 if OFFLINE else 1440,
-        gpu=gpus(1),
+        gpu=gpus("eval_niah"),
     conda:
         CUDA_ENV
     shell:
@@ -243,7 +243,7 @@ rule eval_retrieval_heads:
     resources:
         mem_mb=8000 if OFFLINE else 80000,
         runtime=60 if OFFLINE else 600,
-        gpu=gpus(1),
+        gpu=gpus("eval_retrieval_heads"),
     conda:
         CUDA_ENV
     shell:

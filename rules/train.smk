@@ -94,7 +94,7 @@ rule distill_stage1:
         mixer="gdn|kda|gla",
     params:
         cfg=distill_params(1),
-        launch=launcher(gpus(4)),
+        launch=launcher(gpus("distill_stage1", 4)),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
@@ -108,7 +108,7 @@ rule distill_stage1:
     resources:
         mem_mb=16000 if OFFLINE else 160000,
         runtime=60 if OFFLINE else 600,
-        gpu=gpus(4),
+        gpu=gpus("distill_stage1", 4),
     conda:
         CUDA_ENV
     shell:
@@ -129,7 +129,7 @@ rule distill_stage2:
         mixer="gdn|kda|gla",
     params:
         cfg=distill_params(2),
-        launch=launcher(gpus(4)),
+        launch=launcher(gpus("distill_stage2", 4)),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
@@ -143,7 +143,7 @@ rule distill_stage2:
     resources:
         mem_mb=16000 if OFFLINE else 160000,
         runtime=120 if OFFLINE else 2880,
-        gpu=gpus(4),
+        gpu=gpus("distill_stage2", 4),
     conda:
         CUDA_ENV
     shell:
@@ -162,7 +162,7 @@ rule bld_sr:
     params:
         cfg=lambda wc: as_json({"arm": bld_sr_arm_specs()[wc.arm], "train": C["train"]["bld_sr"], "seed": C["seed"],
                                 **{k: C["experiments"]["bld_sr"][k] for k in ("mixer", "pattern", "score_fractions")}}),
-        launch=launcher(gpus(1)),
+        launch=launcher(gpus("bld_sr")),
         data=R("data", "spaced_retrieval"),
         work=lambda wc: R("train", f"runs/bld_sr/{wc.arm}"),
         out=lambda wc: R("train", f"bld_sr/{wc.arm}"),
@@ -176,7 +176,7 @@ rule bld_sr:
     resources:
         mem_mb=4000,
         runtime=60,
-        gpu=gpus(1),
+        gpu=gpus("bld_sr"),
     conda:
         CUDA_ENV
     shell:
@@ -195,7 +195,7 @@ rule bld_nl:
         arm="|".join(BLD_NL_ARMS),
     params:
         cfg=lambda wc: bld_nl_params(wc.arm),
-        launch=launcher(gpus(4)),
+        launch=launcher(gpus("bld_nl", 4)),
         mixture=mixture_dir(BLD_NL_TOK, "english"),
         tokdir=tokenizer_dir(BLD_NL_TOK),
         work=lambda wc: R("train", f"runs/bld_nl/{wc.arm}"),
@@ -210,7 +210,7 @@ rule bld_nl:
     resources:
         mem_mb=16000 if OFFLINE else 160000,
         runtime=120 if OFFLINE else 2880,
-        gpu=gpus(4),
+        gpu=gpus("bld_nl", 4),
     conda:
         CUDA_ENV
     shell:

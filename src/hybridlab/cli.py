@@ -4,6 +4,7 @@
     hybridlab placements --scheme sandwich --layers 36 --ratio 0.25
     hybridlab languages                                            # the language registry
     hybridlab cache pull [TARGETS]                                 # dvc pull + mark outputs complete
+    hybridlab plan --scale paper [--gpu-mem-gb 80] [--gpus N] [--json]   # memory plan per job
 
 Every user error is one line on stderr and exit code 1.
 """
@@ -51,6 +52,24 @@ def _cmd_cache_pull(args) -> None:
     print(report.summary())
 
 
+def _cmd_plan(args) -> None:
+    from hybridlab import config as cfg
+    from hybridlab.train.plan import format_table, plan_preset, plans_json
+
+    overrides = {"scale": args.scale} if args.scale else None
+    plans = plan_preset(cfg.load(args.configfile, overrides), gpu_mem_gb=args.gpu_mem_gb, gpus=args.gpus)
+    print(plans_json(plans, args.gpu_mem_gb) if args.json else format_table(plans, args.gpu_mem_gb))
+
+
+def _plan_number(kind):
+    def parse(text):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybridlab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-f", "--force", action="store_true", help="overwrite local changes to pulled outputs")
     cp.add_argument("--repo", default=".", help="repository root (default: .)")
     cp.set_defaults(func=_cmd_cache_pull)
+
+    pn = sub.add_parser("plan", help="estimated peak GPU memory per rank of every job, and the GPUs it needs")
+    pn.add_argument("--configfile", default="config.yaml")
+    pn.add_argument("--scale", choices=["smoke", "tiny", "paper"])
+    pn.add_argument("--gpu-mem-gb", type=_plan_number(float), default=80.0, help="memory of one GPU (default 80)")
+    pn.add_argument("--gpus", type=_plan_number(int), help="give the verdict for this many GPUs per job")
+    pn.add_argument("--json", action="store_true", help="machine-readable output")
+    pn.set_defaults(func=_cmd_plan)
     return p
 
 

@@ -598,10 +598,16 @@ def plans_json(plans: list[JobPlan], gpu_mem_gb: float) -> str:
 def gpus_for(plans: list[JobPlan], prefix: str, gpu_mem_gb: float) -> int:
     """GPUs a rule requests: the largest smallest-fitting count over its jobs; one line if one cannot fit."""
     mine = [p for p in plans if p.job.startswith(prefix)]
-    for p in mine:
-        if p.min_gpus is None:
-            largest = GPU_COUNTS[-1] if p.gpus != 1 or p.estimate.world_size > 1 else 1
-            raise HybridlabError(
-                f"plan: {p.job} needs {p.estimate.total / GB:.1f} GB per GPU at {largest} GPU(s) > {gpu_mem_gb:g} GB; "
-                "lower its micro batch, enable gradient_checkpointing, or raise cluster.gpu_mem_gb")
+    refuse_unfit(mine, gpu_mem_gb)
     return max((p.min_gpus for p in mine), default=1)
+
+
+def refuse_unfit(plans: list[JobPlan], gpu_mem_gb: float) -> None:
+    """One-line HybridlabError for the first job no allowed GPU count fits (the Snakefile calls this at parse)."""
+    for p in plans:
+        if p.min_gpus is None:
+            n = p.estimate.world_size
+            raise HybridlabError(
+                f"plan: {p.job} needs {p.estimate.total / GB:.1f} GB per GPU at {n} GPU{'s' if n > 1 else ''} > "
+                f"{gpu_mem_gb:g} GB; lower its micro batch, enable gradient_checkpointing, or use larger GPUs "
+                f"(HYBRIDLAB_GPU_MEM_GB)")

@@ -1,0 +1,138 @@
+"""Memory plan: term arithmetic by hand, estimate vs measured CPU step (within 15 %), CLI and errors."""
+
+import json
+
+import pytest
+import torch
+
+from hybridlab.cli import main
+from hybridlab.errors import HybridlabError
+from hybridlab.train import plan
+
+TOY = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+       "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True, "model_type": "qwen3"}
+
+
+def test_terms_by_hand():
+    s = plan.shape_of(TOY)
+    # attention: q/o 64x64 each, k/v 64x32 each, q/k norms 16 each; MLP 3*64*128; two norms
+    assert plan.attention_params(s) == 2 * 64 * 64 + 2 * 64 * 32 + 32
+    layer = 12320 + 3 * 64 * 128 + 128
+    assert plan.dense_params(s) == 512 * 64 + 64 + 4 * layer
+    est = plan.estimate_step(TOY, micro_batch=2, seq_len=8, world_size=2, precision="bf16", overhead_bytes=0)
+    P = plan.dense_params(s)
+    t = est.terms
+    assert t["parameters"] == P * 4 // 2 + (512 * 64 + 64 + 2 * layer) * 2
+    assert t["optimizer"] == 8 * P // 2 and t["optimizer_step"] == 4 * P // 2
+    assert t["gradients"] == P * 4 // 2 + layer * 6
+    # saved per token and attention layer: compute 2D+4I + 2(Hq+KVhd); fp32 4D+2 + 2(Hq+KVhd)+2H+KV
+    per_tok = (2 * 64 + 4 * 128 + 2 * 96) * 2 + (4 * 64 + 2 + 2 * 96 + 8 + 2) * 4
+    assert t["_activations_full"] == 16 * (4 * per_tok + (2 * 128 + 2 * 64) * 2)
+    assert t["activations"] == 4 * 16 * 64 * 2 + 16 * per_tok + 16 * (2 * 128 + 2 * 64) * 2
+    # two fp32 chunks (one row chunk of 16 x 512), fp32 grad accumulators + bf16 casts, the final hidden
+    assert t["logits"] == 2 * 16 * 512 * 4 + (16 * 64 + 512 * 64) * 6 + 16 * 64 * 2
+    assert est.total == (t["parameters"] + t["optimizer"] + t["teacher"]
+                         + max(t["activations"] + t["logits"], t["gradients"] + t["optimizer_step"]))
+
+
+def test_hybrid_params_are_exact():
+    import transformers as tf
+
+    from hybridlab.models.convert import convert_to_hybrid
+
+    cfg = {k: v for k, v in TOY.items() if k != "model_type"}
+    dense = tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))
+    hybrid = convert_to_hybrid(dense, [1], "gdn")
+    assert plan.model_params(plan.shape_of(dense.config), "gdn", 3) == sum(p.numel() for p in hybrid.parameters())
+    assert plan.dense_params(plan.shape_of(dense.config)) == sum(p.numel() for p in dense.parameters())
+
+
+def test_measure_peak_bytes_counts_live_storages():
+    def fn():
+        a = torch.ones(1000, 250)  # 1 MB
+        b = a * 2                  # 2 MB live
+        del a
+        return b + 1               # 2 MB live (b, c)
+    out, peak = plan.measure_peak_bytes(fn)
+    assert peak == 2_000_000 and out.shape == (1000, 250)
+
+
+def _resident(model, opt):
+    seen = {}
+    for t in [*model.parameters(), *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))]:
+        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _measured_step(model, loss_fn):
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+    def step():
+        loss_fn().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()  # optimizer state exists from here on
+    return _resident(model, opt) + plan.measure_peak_bytes(step)[1]
+
+
+@pytest.mark.parametrize("B,T", [(4, 128), (2, 64)])
+def test_estimate_matches_cpu_measurement(B, T):
+    import transformers as tf
+
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.train.distill import Stage2Task
+    from hybridlab.train.tasks import CausalLMTask
+
+    torch.manual_seed(0)
+    cfg = {**{k: v for k, v in TOY.items() if k != "model_type"}, "vocab_size": 1024}
+    teacher = tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))
+    ids = torch.randint(0, 1024, (B, T))
+    measured = _measured_step(teacher, lambda: CausalLMTask().loss(teacher, ids)[0])
+    est = plan.estimate_step(teacher.config, micro_batch=B, seq_len=T, precision="fp32", checkpointing=False,
+                             logits="full").total
+    assert abs(est / measured - 1) < 0.15, (est, measured)
+
+    student = convert_to_hybrid(teacher.eval(), [1], "gdn", mixer_overrides={"chunk_size": 16})
+    task = Stage2Task(teacher, chunk_tokens=128)
+    measured = _measured_step(student, lambda: task.loss(student, ids)[0])
+    est = plan.estimate_step(student.config, micro_batch=B, seq_len=T, precision="fp32", checkpointing=False,
+                             task="stage2", mixer="gdn", mixer_layers=3, mixer_overrides={"chunk_size": 16},
+                             chunk_tokens=128).total
+    assert abs(est / measured - 1) < 0.15, (est, measured)
+
+
+def test_cli_paper_at_4_gpus(capsys):
+    assert main(["plan", "--scale", "paper", "--gpu-mem-gb", "80", "--gpus", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    distill = [j for j in out["jobs"] if j["job"].startswith("distill_stage")]
+    assert {j["job"].split()[1] for j in distill} == {"Qwen--Qwen3-4B", "ibm-granite--granite-4.1-3b"}
+    assert all(j["fits"] and j["gpus"] == 4 for j in distill)
+    assert all(set(j["terms"]) >= {"parameters", "gradients", "optimizer", "teacher", "activations", "logits",
+                                   "cuda_context"} for j in distill)
+    assert main(["plan", "--scale", "paper", "--gpus", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "distill_stage2 Qwen--Qwen3-4B gdn" in table and "DOES NOT FIT" not in table
+
+
+def test_cli_small_gpu_does_not_fit(capsys):
+    assert main(["plan", "--scale", "paper", "--gpu-mem-gb", "16", "--gpus", "1", "--json"]) == 0
+    jobs = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+    s2 = jobs["distill_stage2 Qwen--Qwen3-4B gdn"]
+    assert not s2["fits"] and s2["min_gpus"] > 1 and s2["peak_bytes"] > 16e9
+
+
+@pytest.mark.parametrize("argv,msg", [(["--gpus", "3"], "--gpus 3 is not allowed"),
+                                      (["--gpu-mem-gb", "0"], "--gpu-mem-gb must be > 0")])
+def test_cli_bad_arguments_one_line(capsys, argv, msg):
+    assert main(["plan", "--scale", "paper", *argv]) == 1
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+
+
+def test_unknown_model_and_refusal():
+    with pytest.raises(HybridlabError, match="not a known hub model"):
+        plan.shape_of("nobody/nothing")
+    est = plan.estimate_generate("Qwen/Qwen3-4B", batch=1, context=131072)
+    bad = plan.JobPlan("eval_niah x", est, False, 1, None)
+    with pytest.raises(HybridlabError, match=r"eval_niah x needs \d+\.\d GB per GPU at 1 GPU > 40 GB"):
+        plan.refuse_unfit([bad], 40)
