@@ -101,3 +101,25 @@ def test_make_hub_layout_script(tmp_path):
     dirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert dirs["fineweb2"] == str(out / "fineweb-2")
     assert hub.load_flores(["eng_Latn", "zho_Hans"], "dev", local=dirs["flores_plus"]).height == 10
+
+
+@pytest.mark.parametrize("parallel_key", ["flores_plus", "flores200"])
+def test_corpus_step_over_the_layout_gives_back_the_corpus(tmp_path, parallel_key):
+    """The hub preset's corpus step, pointed at the built layout through `local_sources`, returns the corpus."""
+    parallel, mono = _corpus()
+    dirs = write_hub_layout(parallel, mono, tmp_path / "hub", split="devtest")
+    keys = {"flores_plus": None, "flores200": None, "fineweb2": str(dirs["fineweb2"]), "fineweb": str(dirs["fineweb"]),
+            "dclm": None, parallel_key: str(dirs[parallel_key])}
+    params = {"english": "eng_Latn", "parallel_languages": PAR[1:], "mono_languages": ["tel_Telu", "zho_Hans", "pes_Arab"],
+              "flores_split": "devtest", "fineweb2_docs_per_language": 100, "english_web": "fineweb",
+              "english_web_docs": 100, "local_sources": keys}
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "workflow_scripts/build_hub_corpus.py"), "--params",
+                           json.dumps(params), "--out", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    par = pl.read_parquet(out / "parallel.parquet")
+    complete = parallel.filter(pl.col("sid") != 7)
+    assert sorted(par.select("lang", "text").rows()) == sorted(complete.select("lang", "text").rows())
+    back = pl.read_parquet(out / "mono.parquet")
+    assert sorted(back.select("doc_id", "lang", "text").rows()) == sorted(mono.select("doc_id", "lang", "text").rows())

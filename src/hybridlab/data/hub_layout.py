@@ -5,18 +5,15 @@ look like the hub datasets: same paths, config names (from the language registry
 module writes them from ``parallel.parquet`` / ``mono.parquet`` (`offline.PARALLEL_SCHEMA`,
 `offline.MONO_SCHEMA`):
 
-================ ===================================================================== ==========================
-directory        files                                                                 from
-================ ===================================================================== ==========================
-``flores_plus``  ``<split>/<config>.parquet`` (FLoRes+ columns, ``id`` from 1)          parallel, every language
-``flores200``    ``<split>/<code>.<split>`` (one sentence per line, line i parallel)    parallel, every language
-``fineweb-2``    ``data/<config>/train/000_0000i.parquet`` (FineWeb-2 columns)          mono, non-English
-``fineweb``      ``sample/10BT/00i_00000.parquet`` (config sample-10BT, FineWeb columns) mono, English
-``dclm``         ``global-shard_01_of_10/local-shard_0_of_10/shard_0000000i_processed.jsonl.zst``  mono, English
-================ ===================================================================== ==========================
+* ``flores_plus/<split>/<config>.parquet``: FLoRes+ columns (``id``, ``text``, ``iso_639_3``, ...), the parallel corpus;
+* ``flores200/<split>/<code>.<split>``: the FLORES-200 release, one sentence per line, line i parallel;
+* ``fineweb-2/data/<config>/train/000_0000<k>.parquet``: FineWeb-2 columns, the non-English mono documents;
+* ``fineweb/sample/10BT/<k>_00000.parquet``: FineWeb config ``sample-10BT``, the English documents;
+* ``dclm/global-shard_01_of_10/local-shard_0_of_10/shard_<k>_processed.jsonl.zst``: DCLM, the English documents.
 
-Definitions: sentence ids are renumbered 1..n in sid order (FLoRes+ numbers its sentences from 1, and
-a FLORES-200 line number is the same id), so both parallel copies load back with equal sids. Documents
+Definitions: only sentences present in every language are written, their sids renumbered 1..n in sid
+order (FLoRes+ numbers its sentences from 1, and a FLORES-200 line number is the same id), so both
+parallel copies load back with equal sids. Documents
 keep their corpus order and are dealt round-robin over ``shards`` files. DCLM shards are zstd-compressed
 when the ``zstandard`` package is installed (the hub's ``.jsonl.zst``), plain ``.jsonl`` otherwise (the
 loader reads both). Metadata columns the loaders do not read get placeholder values. A language without
