@@ -1,0 +1,173 @@
+"""benchmarks/gpu_acceptance.sh: the CPU dry run prints one JSON line of the documented shape with sane values;
+the report's pass/fail rules, the kernel check's sensitivity to a wrong backward, budgets that stop a stage."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _acceptance_kernels as kernels  # noqa: E402
+import _acceptance_report as report  # noqa: E402
+import gpu_acceptance  # noqa: E402
+
+TOP_KEYS = {"schema", "dry_run", "time_limit_s", "elapsed_s", "device", "kernels", "cuda_tests", "pipeline", "distill",
+            "niah", "targets", "checks", "pass"}
+TARGETS = {"distill_mfu_qwen3_4b", "plan_within_15pct_qwen3_0.6b", "plan_within_15pct_qwen3_4b"}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("acceptance") / "report.json"
+    start = time.perf_counter()
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_acceptance.sh"), "--dry-run", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out, elapsed
+
+
+@pytest.mark.slow
+def test_dry_run_prints_one_json_line_also_written_to_out(dry_run):
+    proc, out, elapsed = dry_run
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout[-2000:]
+    rep = json.loads(lines[0])
+    assert json.loads(out.read_text()) == rep
+    assert set(rep) == TOP_KEYS and rep["schema"] == report.SCHEMA and rep["dry_run"] is True
+    assert rep["elapsed_s"] < rep["time_limit_s"] and elapsed < 300
+    for name in ("kernels", "cuda_tests", "pipeline"):
+        assert rep[name]["status"] == "ok", (name, rep[name])
+    assert rep["device"]["type"] == "cpu" and rep["device"]["peak_flops"] > 1e8
+
+
+@pytest.mark.slow
+def test_dry_run_kernel_rows_compare_every_op_and_dtype_within_tolerance(dry_run):
+    rep = json.loads(dry_run[0].stdout)
+    rows = rep["kernels"]["results"]
+    assert {(r["op"], r["dtype"]) for r in rows} == {(o, d) for o in kernels.OPS for d in kernels.DTYPES}
+    assert rep["kernels"]["reference"] == "naive_cpu_fp64" and rep["kernels"]["candidate"] == "cpu_chunk_op"
+    for r in rows:
+        assert r["pass"] is True and r["error"] is None, r
+        assert 0 <= r["out_max_rel_err"] < (1e-5 if r["dtype"] == "fp32" else 1e-2)
+        assert set(r["grads"]) == set(kernels.INPUT_NAMES[r["op"]])
+        for g in r["grads"].values():
+            assert 0.999 < g["cosine"] <= 1 + 1e-12 and abs(g["norm_ratio"] - 1) < 1e-2
+
+
+@pytest.mark.slow
+def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run):
+    rep = json.loads(dry_run[0].stdout)
+    for name, d in rep["distill"].items():
+        assert d["status"] == "ok", (name, d)
+        assert set(report.DISTILL_FIELDS) | {"status", "reason", "seconds", "budget_s"} <= set(d)
+        assert d["seq_len"] == 64 and d["tokens_per_update"] == d["micro_batch"] * d["grad_accum"] * 64
+        assert d["tokens_per_s"] == pytest.approx(d["tokens_per_update"] / d["update_s"])
+        assert d["mfu"] == pytest.approx(d["flops_per_s"] / rep["device"]["peak_flops"]) and 0 < d["mfu"] < 1
+        assert d["peak_bytes"] > d["resident_model_bytes"] > 0
+        if d["plan_estimate"] is None:  # the plan may be missing; then it says why
+            assert d["plan_reason"]
+        else:
+            assert d["plan_rel_err"] == pytest.approx((d["plan_estimate_allocated"] - d["peak_bytes"]) / d["peak_bytes"])
+    small, big = rep["distill"]["qwen3_0.6b"], rep["distill"]["qwen3_4b"]
+    assert big["student_params"] > small["student_params"] and big["flops_per_update"] > small["flops_per_update"]
+    for model, n in rep["niah"].items():
+        assert n["status"] == "ok" and (n["fa_layers"] is None) == (model == "dense")
+        assert list(n["results"]) == list(report.NIAH_LABELS)
+        for r in n["results"].values():
+            assert r["measured"] and not r["oom"] and _finite(r["seconds"]) and r["peak_bytes"] > 0
+    assert rep["pipeline"]["jobs"] > 10 and rep["pipeline"]["device_switch"].startswith("none")
+    assert set(rep["targets"]) == TARGETS and all(isinstance(t["pass"], bool) for t in rep["targets"].values())
+    assert rep["checks"] == {k: True for k in rep["checks"]}
+    assert rep["pass"] is False  # the CPU reaches nowhere near 40 % MFU
+
+
+def test_kernel_check_catches_a_wrong_backward_with_a_correct_forward(monkeypatch):
+    class ReversedGrad(torch.autograd.Function):  # identity forward, gradient reversed in time (same norm)
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.flip(1)
+
+    chunk, naive = kernels._ops("gdn")
+    monkeypatch.setattr(kernels, "_ops", lambda op: (lambda q, *a, **kw: chunk(ReversedGrad.apply(q), *a, **kw), naive))
+    row = kernels.compare("gdn", "fp32", T=32, H=2, K=8, V=8, device="cpu", reference="naive")
+    assert row["out_max_rel_err"] < 1e-5 and row["grads"]["k"]["cosine"] > 0.99999
+    assert row["grads"]["q"]["cosine"] < 0.9 and row["pass"] is False
+
+
+def test_peak_table_by_device_name_and_override():
+    cases = {"NVIDIA H200": 989, "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA A100-SXM4-80GB": 312}
+    for name, tflops in cases.items():
+        assert report.peak_flops({"type": "cuda", "name": name}, None)[0] == tflops * 1e12
+    assert report.peak_flops({"type": "cuda", "name": "NVIDIA L4"}, None)[0] is None
+    assert report.peak_flops({"type": "cuda", "name": "NVIDIA L4"}, 121.0) == (121e12, "--peak-tflops")
+
+
+def _stage(status="ok", rows=(), meta=None):
+    return {"status": status, "reason": None if status == "ok" else "why", "seconds": 1.0, "budget_s": 10.0,
+            "rows": list(rows), "meta": meta}
+
+
+def test_report_targets_pass_fail_and_null_with_reason():
+    distill = {"micro_batch": 1, "grad_accum": 2, "flops_per_s": 0.45 * 989e12, "peak_bytes": 100,
+               "plan_rel_err": 0.10, "plan_reason": None}
+    stages = {"device": _stage(rows=[{"type": "cuda", "name": "NVIDIA H200"}]),
+              "distill:qwen3_4b": _stage(rows=[distill]),
+              "distill:qwen3_0.6b": _stage(rows=[{**distill, "plan_rel_err": -0.2}])}
+    rep = report.build(stages, dry_run=False, time_limit=480, elapsed=1.0, override_tflops=None,
+                       niah_contexts=[32768, 131072], kernel_shape={})
+    t = rep["targets"]
+    assert t["distill_mfu_qwen3_4b"]["value"] == pytest.approx(0.45) and t["distill_mfu_qwen3_4b"]["pass"] is True
+    assert t["plan_within_15pct_qwen3_4b"]["pass"] is True and t["plan_within_15pct_qwen3_0.6b"]["pass"] is False
+    # a stage that never ran: every key still there, null values, a reason, and no pass
+    assert rep["kernels"]["status"] is None and rep["kernels"]["results"] == []
+    assert rep["niah"]["dense"]["results"]["128k"] == {
+        "context": 131072, "seconds": None, "peak_bytes": None, "memory_kind": None, "oom": False, "skipped": False,
+        "plan_estimate": None, "plan_rel_err": None, "measured": False}
+    assert rep["checks"]["kernels"] is False and rep["pass"] is False
+    stages["distill:qwen3_4b"] = _stage("skipped")
+    t = report.build(stages, dry_run=False, time_limit=480, elapsed=1.0, override_tflops=None,
+                     niah_contexts=[1, 2], kernel_shape={})["targets"]["distill_mfu_qwen3_4b"]
+    assert t["pass"] is None and t["value"] is None and t["reason"] == "why"
+
+
+def test_report_is_strict_json_without_nan():
+    rep = report.build({"device": _stage(rows=[{"type": "cpu", "cpu_matmul_gflops": float("nan")}])}, dry_run=True,
+                       time_limit=1, elapsed=float("inf"), override_tflops=None, niah_contexts=[1, 2], kernel_shape={})
+    assert rep["elapsed_s"] is None and rep["device"]["cpu_matmul_gflops"] is None
+    json.dumps(rep, allow_nan=False)
+
+
+def test_a_stage_past_its_budget_is_stopped_with_its_children(tmp_path):
+    marker = tmp_path / "child_survived"
+    cmd = ["bash", "-c", f"(sleep 3; touch {marker}) & sleep 30"]
+    start = time.perf_counter()
+    rc, seconds = gpu_acceptance.run_process(cmd, 1.0, tmp_path / "log")
+    assert rc is None and seconds < 15 and time.perf_counter() - start < 15
+    time.sleep(3.5)
+    assert not marker.exists()  # the background child was killed with its process group
+
+
+def test_bad_arguments_are_one_line_usage_errors(capsys):
+    for argv in (["--budget", "nosuch=5"], ["--budget", "pipeline=-1"], ["--budget", "pipeline"],
+                 ["--peak-tflops", "0"], ["--micro-batch", "0"], ["--only", "nosuch"]):
+        with pytest.raises(SystemExit):
+            gpu_acceptance.parse_args(argv)
+        assert "error:" in capsys.readouterr().err
