@@ -86,7 +86,7 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
     assert big["student_params"] > small["student_params"] and big["flops_per_update"] > small["flops_per_update"]
     for model, n in rep["niah"].items():
         assert n["status"] == "ok" and (n["fa_layers"] is None) == (model == "dense")
-        assert list(n["results"]) == list(report.NIAH_LABELS)
+        assert set(n["results"]) == set(report.NIAH_LABELS)
         for r in n["results"].values():
             assert r["measured"] and not r["oom"] and _finite(r["seconds"]) and r["peak_bytes"] > 0
     assert rep["pipeline"]["jobs"] > 10 and rep["pipeline"]["device_switch"].startswith("none")
