@@ -136,9 +136,17 @@ def mixture_params(name):
         # A BLD-NL sequence joins context_len / seq_len consecutive rows: keep them together when shuffling.
         ctx = C.get("train", {}).get("bld_nl", {}).get("context_len", DATA["seq_len"])
         block_rows = ctx // DATA["seq_len"] if ctx % DATA["seq_len"] == 0 else 1
-    return as_json({"languages": langs, "english": C["languages"]["english"], "english_share": share,
-                    "seq_len": DATA["seq_len"], "total_tokens": DATA["mixture_tokens"], "block_rows": block_rows,
-                    "val_fraction": DATA["val_fraction"], "seed": C["seed"]})
+    p = {"languages": langs, "english": C["languages"]["english"], "english_share": share,
+         "seq_len": DATA["seq_len"], "total_tokens": DATA["mixture_tokens"], "block_rows": block_rows,
+         "val_fraction": DATA["val_fraction"], "seed": C["seed"]}
+    if name == "english" and DATA.get("bld_nl_stream"):
+        # Sized to the budget: stream the web source until the largest BLD-NL arm's tokens are packed.
+        bld = C["train"]["bld_nl"]
+        src = DATA["bld_nl_stream"]["source"]
+        p.update(stream={**DATA["bld_nl_stream"], "path": local_sources(C)[src]},  # local copy, else the hub
+                 bld_nl={"sizes": bld["sizes"], "experiment": C["experiments"]["bld_nl"],
+                         "run": {k: v for k, v in bld.items() if k != "sizes"}})
+    return as_json(p)
 
 
 rule mixture:
@@ -160,7 +168,7 @@ rule mixture:
         BENCH("data", "mixture_{tok}_{name}")
     resources:
         mem_mb=8000,
-        runtime=60,
+        runtime=60 if OFFLINE else 2880,  # paper: tens of billions of English tokens for BLD-NL
         gpu=0,
     conda:
         CPU_ENV

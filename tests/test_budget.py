@@ -103,3 +103,47 @@ def test_max_id_scanned_when_stats_lack_it(tmp_path):
     small = _granite(vocab=recorded)
     with pytest.raises(HybridlabError, match=f"token id {recorded} but the model has {recorded} embedding rows"):
         check_mixture_vocab(d, small, "distill stage 1")
+
+
+def test_english_mixture_streams_until_the_bld_nl_budget(tmp_path):
+    """pack_mixture.py with `stream`: a local DCLM-layout directory is read until the largest arm's budget
+    (counted with the tokenizer's vocabulary) is packed, and bld_nl_need_tokens matches training's count."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hybridlab.data.budget import bld_nl_need_tokens
+    from hybridlab.data.tokenizer import train_bpe
+    from hybridlab.train import bld_nl
+
+    words = "the cat sat on a mat while rain fell over old hills and dogs ran home".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, 60)) for _ in range(400)]
+    shard = tmp_path / "dclm" / "global-shard_01_of_10" / "local-shard_0_of_10"  # DCLM's own layout
+    shard.mkdir(parents=True)
+    pl.DataFrame({"text": texts}).write_ndjson(shard / "shard_00000000_processed.jsonl")
+    tok = train_bpe(texts, vocab_size=300, min_frequency=2, out_path=tmp_path / "tok")
+    shape = {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
+             "head_dim": 8, "intermediate_size": 32}
+    run = {"context_len": 64, "tokens_per_param": 1, "micro_batch_size": 2, "lr": 1e-3}
+    exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"]}
+    need = bld_nl_need_tokens({"xs": shape}, run, exp, vocab_size=len(tok))
+    model = bld_nl.build_nope_hybrid(shape, pattern=exp["pattern"], mixer="gdn", vocab_size=len(tok), context_len=64,
+                                     eos_id=0, seed=0)
+    assert need == {"gdn-xs": bld_nl.total_steps(run, bld_nl.count_parameters(model)) * 2 * 64}
+
+    params = {"languages": [], "english": "eng_Latn", "english_share": 1.0, "seq_len": 32, "total_tokens": 10**9,
+              "block_rows": 2, "val_fraction": 0.05, "seed": 0,
+              "stream": {"source": "dclm", "path": str(tmp_path / "dclm")},
+              "bld_nl": {"sizes": {"xs": shape}, "run": run, "experiment": exp}}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "workflow_scripts/pack_mixture.py"), "--params",
+                           json.dumps(params), "--mono", "unused", "--tokenizer", str(tmp_path / "tok"), "--out",
+                           str(tmp_path / "mix")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = json.loads((tmp_path / "mix" / "stats.json").read_text())
+    rows = -(-need["gdn-xs"] // 32)
+    rows += rows % 2  # whole blocks of 2 rows
+    assert stats["train_tokens"] == rows * 32 >= need["gdn-xs"] and stats["block_rows"] == 2
+    check_train_data(tmp_path / "mix", model, what="bld_nl gdn-xs", need_tokens=need["gdn-xs"])

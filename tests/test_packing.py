@@ -250,3 +250,38 @@ def test_document_mask_helpers_exact():
         segment_lengths([3, 1], 6)
     with pytest.raises(HybridlabError, match="inside"):
         segment_lengths([6], 6)
+
+
+def test_stream_to_disk_equals_in_memory_packing(tmp_path):
+    from hybridlab.data.packing import pack_stream_to_disk
+
+    kw = dict(languages=[], english_share=1.0, seq_len=4, total_tokens=4 * 24, val_fraction=0.1, seed=3)
+    write_packed(tmp_path / "mem", pack_mixture(_block_corpus(), IdTokenizer(), block_rows=4, **kw))
+    # the same documents in the same (shuffled) order, streamed: 80 train tokens = 20 rows, val 4 rows
+    order = np.random.default_rng([3, zlib.crc32(b"eng_Latn")]).permutation(40) + 1
+    texts = (" ".join([str(d)] * 7) for d in order)
+    stats = pack_stream_to_disk(texts, IdTokenizer(), tmp_path / "disk", lang="eng_Latn", seq_len=4, train_tokens=80,
+                                val_fraction=0.1, seed=3, block_rows=4)
+    assert (stats["train_tokens"], stats["val_tokens"], stats["block_rows"]) == (80, 16, 4)
+    for f in ("tokens.npy", "doc_starts.npy", "doc_offsets.npy"):
+        assert np.array_equal(np.load(tmp_path / "mem" / f), np.load(tmp_path / "disk" / f)), f
+    assert pl.read_parquet(tmp_path / "mem" / "meta.parquet").equals(pl.read_parquet(tmp_path / "disk" / "meta.parquet"))
+    assert stats["max_token_id"] == int(np.load(tmp_path / "disk" / "tokens.npy").max())
+
+
+def test_stream_to_disk_long_documents_and_short_stream(tmp_path):
+    from hybridlab.data.packing import pack_stream_to_disk
+
+    # docs of 9 and 5 tokens (+EOS): stream 1x9 0 2x5 0 3x9 0 ... ; no val; rows of 4, no shuffle effect (1 block)
+    texts = ["1 " * 9, "2 " * 5, "3 " * 9]
+    stats = pack_stream_to_disk(iter(texts), IdTokenizer(), tmp_path / "a", lang="eng_Latn", seq_len=4,
+                                train_tokens=16, val_fraction=0.0, seed=0, block_rows=4)
+    assert stats["train_tokens"] == 16
+    ds = PackedDataset(tmp_path / "a", "train")
+    assert np.load(tmp_path / "a" / "tokens.npy").tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 2, 2],
+                                                               [2, 2, 2, 0]]
+    assert [ds.doc_starts(i).tolist() for i in range(4)] == [[0], [], [2], []]
+    with pytest.raises(HybridlabError, match=r"the eng_Latn stream ended after 24 tokens but 32 are needed"):
+        pack_stream_to_disk(iter(texts), IdTokenizer(), tmp_path / "b", lang="eng_Latn", seq_len=4,
+                            train_tokens=32, val_fraction=0.0, seed=0, block_rows=1)
+    assert not (tmp_path / "b" / "tokens.npy.tmp").exists()

@@ -59,7 +59,7 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     parallel = pl.read_parquet(work / "results/data/smoke/corpus/parallel.parquet")
     texts = pairs.parallel_sample(parallel, "eng_Latn", langs, cfg["n_sentences"], params["seed"])
     m = pairs.AnalysisModel("s", str(work / "results/train/smoke/distill/teacher/sandwich-gdn/stage2"),
-                            str(work / "results/data/smoke/tokenizer"))
+                            str(work / "results/data/smoke/tokenizer/bpe"))
     model, tok = pairs.load_analysis_model(m)
     lang = langs[-1]
     eng = capture_hidden_states(model, tok, texts["eng_Latn"], layers=[2], with_attn_delta=False)
@@ -131,7 +131,7 @@ def test_fertility_table_matches_token_counts(analysis):
     parallel = pl.read_parquet(work / "results/data/smoke/corpus/parallel.parquet")
     from hybridlab.models.registry import load_tokenizer_for
 
-    tok = load_tokenizer_for(work / "results/data/smoke/tokenizer")
+    tok = load_tokenizer_for(work / "results/data/smoke/tokenizer/bpe")
     for lang in ("zho_Hans", "hin_Deva"):
         texts = {code: parallel.filter(pl.col("lang") == code).sort("sid")["text"].to_list()
                  for code in (lang, "eng_Latn")}

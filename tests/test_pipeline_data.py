@@ -71,7 +71,7 @@ def test_data_phase_end_to_end_at_smoke(smoke_workdir):
     # Tokenizer: byte-level BPE of the configured size, exact round trip on corpus text.
     from hybridlab.data.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(out / "tokenizer")
+    tok = load_tokenizer(out / "tokenizer" / "bpe")  # the one tokenizer of an offline preset
     assert len(tok) == 512
     sample = par["text"][0]
     assert tok.decode(tok(sample)["input_ids"]) == sample
@@ -79,15 +79,16 @@ def test_data_phase_end_to_end_at_smoke(smoke_workdir):
     # Mixtures: fixed-length rows, one language each, train and val present, English share near 0.3.
     seq_len = 64
     for name in ("multilingual", "english"):
-        tokens = np.load(out / "mixture" / name / "tokens.npy", mmap_mode="r")
-        meta = pl.read_parquet(out / "mixture" / name / "meta.parquet")
+        tokens = np.load(out / "mixture" / "bpe" / name / "tokens.npy", mmap_mode="r")
+        meta = pl.read_parquet(out / "mixture" / "bpe" / name / "meta.parquet")
         assert tokens.shape[1] == seq_len and tokens.shape[0] == meta.height
         assert set(meta["split"]) == {"train", "val"}
         assert tokens.max() < len(tok)
-    meta = pl.read_parquet(out / "mixture" / "multilingual" / "meta.parquet").filter(pl.col("split") == "train")
+        assert json.loads((out / "mixture" / "bpe" / name / "stats.json").read_text())["max_token_id"] == tokens.max()
+    meta = pl.read_parquet(out / "mixture" / "bpe" / "multilingual" / "meta.parquet").filter(pl.col("split") == "train")
     share = (meta["lang"] == "eng_Latn").mean()
     assert 0.2 < share < 0.4
-    assert set(pl.read_parquet(out / "mixture" / "english" / "meta.parquet")["lang"]) == {"eng_Latn"}
+    assert set(pl.read_parquet(out / "mixture" / "bpe" / "english" / "meta.parquet")["lang"]) == {"eng_Latn"}
 
     # Spaced Retrieval splits with the configured sizes and gaps.
     from hybridlab.data.spaced_retrieval import read_split
