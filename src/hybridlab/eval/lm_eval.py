@@ -220,7 +220,8 @@ def summary_rows(table: pl.DataFrame, cfg: LMEvalConfig, model_name: str) -> pl.
         missing = [f"{t}@{n}" for t, n in pairs if (t, n) not in got]
         if missing:
             raise HybridlabError(f"lm-eval: {len(missing)} RULER pair(s) missing from the results for {model_name}: "
-                                 f"{missing[:4]}; add them to lm_eval.ruler_exclude or check the lengths")
+                                 f"{missing[:4]}; add them to lm_eval.ruler_exclude, or drop `limit` (lm-eval cuts RULER's "
+                                 "samples in length order, so a small limit leaves the longer lengths empty)")
         values = [got[p] for p in pairs]
         rows.append({"task": "ruler", "metric": "mean", "value": sum(values) / len(values)})
         rows.append({"task": "ruler", "metric": "pairs", "value": float(len(values))})
