@@ -13,21 +13,18 @@
   the timed updates (`torch.cuda.max_memory_allocated` after a reset at the first timed update; on
   CPU the live model bytes plus `plan.measure_peak_bytes` of the run) and the memory plan's estimate
   (`plan.estimate_step`) with its relative error.
-- `niah`: a 4B-shaped bf16 model, the hybrid or its dense twin, greedy generation through the
-  project's NIAH runner (`eval.niah.run_niah`: `model.generate`, time and peak memory per example,
-  CUDA OOM recorded as a row) on random token ids at each context length, after an untimed warm-up
-  generation (kernel compilation). The runner reads prompts through a tokenizer, so a stub maps each
-  example's prompt key to its token ids.
 
-Weights are random: the stages measure cost, not quality.
+Also the Qwen3 shapes and model builders the NIAH stage (`_acceptance_niah.py`) shares. Weights are
+random: the stages measure cost, not quality.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.metadata
-import math
 import platform
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -177,102 +174,134 @@ def pick_micro_batch(plan, config, spec, mixer_layers, distill, total_memory: in
     return best, "largest of 1/2/4 the plan fits in 90% of the device memory"
 
 
-def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """One stage-2 distillation benchmark (see the module docstring); yields one record."""
-    from train_throughput import FlopCounter, Probe, _Enough
+class _Student:
+    """The models, FLOP counters and settings of one distillation benchmark."""
 
-    from hybridlab.train import distill as dist
-    from hybridlab.train.config import TrainConfig
-    from hybridlab.train.loop import train
+    def __init__(self, spec: dict[str, Any]):
+        from train_throughput import FlopCounter
 
-    cuda = not spec["dry_run"]
-    device = "cuda" if cuda else "cpu"
-    settings = paper_settings()
-    d = dict(settings["distill"])
-    if spec["dry_run"]:
-        d["kl_chunk_tokens"] = 32  # several KL chunks at T=64
-    T, name = spec["seq_len"], spec["name"]
-    config = qwen3_config(name, spec["dry_run"], max_positions=T)
-    teacher = build_dense(config, device, torch.float32)
-    student = to_hybrid(teacher, settings["fa_ratio"], device, inplace=False)
-    teacher = dist.freeze(teacher.to(torch.bfloat16 if cuda else torch.float32))  # as workflow_scripts/distill.py
-    for p in student.parameters():
-        p.requires_grad_(True)
-    if d["gradient_checkpointing"]:
-        enable_checkpointing(student)
-    mixer_layers = len(student.hybridlab_spec.mixer_layers)
-    plan, plan_reason = plan_module()
-    total_memory = torch.cuda.get_device_properties(0).total_memory if cuda else None
-    mb, mb_reason = pick_micro_batch(plan, config, spec, mixer_layers, d, total_memory)
-    accum, warmup, steps = spec["grad_accum"], spec["warmup"], spec["steps"]
-    s_count, t_count = FlopCounter.of(student), FlopCounter.of(teacher)
-    n_params = sum(p.numel() for p in student.parameters())
-    record: dict[str, Any] = {
-        "name": name, "seq_len": T, "micro_batch": mb, "micro_batch_reason": mb_reason, "grad_accum": accum,
-        "paper_grad_accum": d["stage2"].get("grad_accum", 1), "warmup_updates": warmup, "timed_updates": steps,
-        "student_params": n_params, "fa_layers": student.hybridlab_spec.fa_layers, "mixer": MIXER,
-        "checkpointing": bool(d["gradient_checkpointing"]), "kl_chunk_tokens": d["kl_chunk_tokens"],
-        "precision": "bf16 autocast" if cuda else "fp32", "oom": False,
-    }
+        from hybridlab.train import distill as dist
 
-    def batch_flops(b: torch.Tensor) -> float:
+        self.cuda = not spec["dry_run"]
+        device = "cuda" if self.cuda else "cpu"
+        settings = paper_settings()
+        self.d = dict(settings["distill"])
+        if spec["dry_run"]:
+            self.d["kl_chunk_tokens"] = 32  # several KL chunks at T=64
+        self.config = qwen3_config(spec["name"], spec["dry_run"], max_positions=spec["seq_len"])
+        teacher = build_dense(self.config, device, torch.float32)
+        self.student = to_hybrid(teacher, settings["fa_ratio"], device, inplace=False)
+        # the teacher only runs forward: bf16 on CUDA, as workflow_scripts/distill.py keeps it
+        self.teacher = dist.freeze(teacher.to(torch.bfloat16 if self.cuda else torch.float32))
+        for p in self.student.parameters():  # stage 2 trains the whole student
+            p.requires_grad_(True)
+        if self.d["gradient_checkpointing"]:
+            enable_checkpointing(self.student)
+        self.mixer_layers = len(self.student.hybridlab_spec.mixer_layers)
+        self.s_count, self.t_count = FlopCounter.of(self.student), FlopCounter.of(self.teacher)
+
+    def batch_flops(self, b: torch.Tensor) -> float:
         lengths = [b.shape[1]] * b.shape[0]
-        return s_count.train(lengths) + t_count.forward(lengths)
+        return self.s_count.train(lengths) + self.t_count.forward(lengths)
 
-    class PeakProbe(Probe):
-        """The benchmark's probe, resetting CUDA's peak counter at the first timed update."""
+    def timed_run(self, mb: int, spec: dict[str, Any], plan) -> dict[str, Any]:
+        """`warmup` + `steps` updates through the loop at micro batch `mb`; times, tokens, FLOPs, peak bytes."""
+        from train_throughput import Probe, _Enough
 
-        def on_step_start(self, step, model, optimizer):
-            if cuda and len(self.starts) == warmup:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            if cuda:
-                torch.cuda.synchronize()  # the update before this one is finished when its time is taken
-            super().on_step_start(step, model, optimizer)
+        from hybridlab.train import distill as dist
+        from hybridlab.train.config import TrainConfig
+        from hybridlab.train.loop import train
 
-    gen = torch.Generator().manual_seed(0)
-    rows = torch.randint(config.vocab_size, (max(4, 2 * mb * accum), T), generator=gen)
-    task = dist.Stage2Task(teacher, chunk_tokens=d["kl_chunk_tokens"], vocab_chunk=d["kl_vocab_chunk"])
-    probe = PeakProbe(task, batch_flops, warmup + steps)
-    resident = live_bytes(student, teacher)
+        cuda, d, T = self.cuda, self.d, spec["seq_len"]
+        accum, warmup, steps = spec["grad_accum"], spec["warmup"], spec["steps"]
 
-    def run_loop():
-        with tempfile.TemporaryDirectory(prefix="gpu_acceptance_") as out_dir:
-            run = {k: v for k, v in d["stage2"].items() if k not in ("token_budget", "steps")}
-            cfg = TrainConfig.from_dict({**run, "steps": warmup + steps + 1, "micro_batch_size": mb,
-                                         "grad_accum": accum, "seq_len": T, "warmup_steps": 1, "out_dir": out_dir,
-                                         "eval_every": None, "ckpt_every": None, "progress": False,
-                                         "log_every": 1000})
-            try:
-                train(student, probe, rows, cfg, on_step_start=probe.on_step_start,
-                      grad_norm_groups=dist.grad_norm_groups())
-            except _Enough:
-                pass
+        class PeakProbe(Probe):
+            """The throughput benchmark's probe; on CUDA it syncs before each time stamp and resets the
+            peak-memory counter at the first timed update."""
 
-    try:
+            def on_step_start(self, step, model, optimizer):
+                if cuda:
+                    torch.cuda.synchronize()
+                    if len(self.starts) == warmup:
+                        torch.cuda.reset_peak_memory_stats()
+                super().on_step_start(step, model, optimizer)
+
+        rows = torch.randint(self.config.vocab_size, (max(4, 2 * mb * accum), T),
+                             generator=torch.Generator().manual_seed(0))
+        task = dist.Stage2Task(self.teacher, chunk_tokens=d["kl_chunk_tokens"], vocab_chunk=d["kl_vocab_chunk"])
+        probe = PeakProbe(task, self.batch_flops, warmup + steps)
+
+        def run_loop():
+            with tempfile.TemporaryDirectory(prefix="gpu_acceptance_") as out_dir:
+                run = {k: v for k, v in d["stage2"].items() if k not in ("token_budget", "steps")}
+                cfg = TrainConfig.from_dict({**run, "steps": warmup + steps + 1, "micro_batch_size": mb,
+                                             "grad_accum": accum, "seq_len": T, "warmup_steps": 1,
+                                             "out_dir": out_dir, "eval_every": None, "ckpt_every": None,
+                                             "progress": False, "log_every": 1000})
+                try:
+                    train(self.student, probe, rows, cfg, on_step_start=probe.on_step_start,
+                          grad_norm_groups=dist.grad_norm_groups())
+                except _Enough:
+                    pass
+
+        out: dict[str, Any] = {"resident_model_bytes": live_bytes(self.student, self.teacher)}
         if cuda:
             run_loop()
-            record["peak_bytes"] = int(torch.cuda.max_memory_allocated())
-            record["peak_kind"] = "cuda_max_memory_allocated over the timed updates"
+            out.update(peak_bytes=int(torch.cuda.max_memory_allocated()),
+                       peak_kind="cuda max_memory_allocated over the timed updates")
         elif plan is not None:
             _, delta = plan.measure_peak_bytes(run_loop)
-            record["peak_bytes"] = int(resident + delta)
-            record["peak_kind"] = "live model bytes + plan.measure_peak_bytes of the run"
+            out.update(peak_bytes=out["resident_model_bytes"] + int(delta),
+                       peak_kind="live model bytes + plan.measure_peak_bytes of the run")
         else:
             run_loop()
-            record["peak_bytes"] = None
-            record["peak_kind"] = f"not measured on CPU: {plan_reason}"
-    except torch.OutOfMemoryError as exc:
-        record.update(oom=True, error=f"CUDA out of memory at micro batch {mb}: {str(exc)[:200]}")
-        yield record
-        return
-    dt = [b - a for a, b in zip(probe.starts[warmup:], probe.starts[warmup + 1:])]
-    tokens, flops = probe.tokens[warmup:warmup + steps], probe.flops[warmup:warmup + steps]
-    update_s = sorted(dt)[len(dt) // 2]
-    record.update(update_s=update_s, tokens_per_update=tokens[0], flops_per_update=flops[0],
-                  tokens_per_s=tokens[0] / update_s, flops_per_s=flops[0] / update_s,
-                  resident_model_bytes=resident)
-    record.update(plan_fields(plan, plan_reason, config, record, mixer_layers, cuda, d))
+            out.update(peak_bytes=None, peak_kind="not measured on CPU without plan.measure_peak_bytes")
+        dt = [b - a for a, b in zip(probe.starts[warmup:], probe.starts[warmup + 1:])]
+        update_s = statistics.median(dt)
+        tokens = statistics.median(probe.tokens[warmup:warmup + steps])
+        flops = statistics.median(probe.flops[warmup:warmup + steps])
+        return out | {"update_s": update_s, "tokens_per_update": tokens, "flops_per_update": flops,
+                      "tokens_per_s": tokens / update_s, "flops_per_s": flops / update_s}
+
+
+def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One stage-2 distillation benchmark (see the module docstring); yields one record.
+
+    A CUDA out-of-memory error halves the micro batch and retries (down to 1); the sizes that did not
+    fit are listed in `oom_micro_batches`, and an OOM at micro batch 1 is the result.
+    """
+    job = _Student(spec)
+    plan, plan_reason = plan_module()
+    total_memory = torch.cuda.get_device_properties(0).total_memory if job.cuda else None
+    mb, mb_reason = pick_micro_batch(plan, job.config, spec, job.mixer_layers, job.d, total_memory)
+    record: dict[str, Any] = {
+        "name": spec["name"], "seq_len": spec["seq_len"], "micro_batch_reason": mb_reason,
+        "grad_accum": spec["grad_accum"], "paper_grad_accum": job.d["stage2"].get("grad_accum", 1),
+        "warmup_updates": spec["warmup"], "timed_updates": spec["steps"],
+        "student_params": sum(p.numel() for p in job.student.parameters()),
+        "fa_layers": job.student.hybridlab_spec.fa_layers, "mixer": MIXER,
+        "checkpointing": bool(job.d["gradient_checkpointing"]), "kl_chunk_tokens": job.d["kl_chunk_tokens"],
+        "precision": "bf16 autocast, fp32 weights" if job.cuda else "fp32", "oom": False, "oom_micro_batches": [],
+    }
+    while True:
+        record["micro_batch"] = mb
+        try:
+            record.update(job.timed_run(mb, spec, plan))
+            break
+        except torch.OutOfMemoryError as exc:
+            message = f"CUDA out of memory at micro batch {mb}: {str(exc)[:200]}"
+        # outside the except block, so the traceback (and the tensors its frames hold) can be freed
+        record["oom_micro_batches"].append(mb)
+        for p in job.student.parameters():
+            p.grad = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        if mb == 1:
+            record.update(oom=True, error=message)
+            yield record
+            return
+        mb //= 2
+    record.update(plan_fields(plan, plan_reason, job.config, record, job.mixer_layers, job.cuda, job.d))
     yield record
 
 
@@ -296,76 +325,5 @@ def plan_fields(plan, reason, config, record, mixer_layers, cuda, d) -> dict[str
     return out
 
 
-# ---- NIAH generation ---------------------------------------------------------------------------------
-class IdsTokenizer:
-    """Stub tokenizer for `run_niah`: a prompt is a key for prepared token ids; decoding lists the ids."""
+STAGES = {"device": run_device, "distill": run_distill}
 
-    pad_token_id = 0
-    eos_token_id = 0
-
-    def __init__(self, prompts: dict[str, torch.Tensor]):
-        self.prompts = prompts
-
-    def __call__(self, text: str, return_tensors: str | None = None):
-        return {"input_ids": self.prompts[text]}
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return " ".join(str(int(i)) for i in ids)
-
-
-def run_niah(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Generation time and peak memory of the 4B-shaped `spec["model"]` ("hybrid" | "dense") per context."""
-    from hybridlab.eval.niah import NiahExample, run_niah as niah_runner
-
-    cuda = not spec["dry_run"]
-    device = "cuda" if cuda else "cpu"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    contexts = spec["contexts"]
-    config = qwen3_config("qwen3_4b", spec["dry_run"], max_positions=max(contexts) + spec["new_tokens"] + 16)
-    model = build_dense(config, device, dtype)
-    if spec["model"] == "hybrid":
-        model = to_hybrid(model, paper_settings()["fa_ratio"], device, inplace=True).to(dtype)
-    model.eval()
-    gen = torch.Generator().manual_seed(0)
-    warm = min(256, contexts[0])
-    prompts = {f"ids-{n}": torch.randint(config.vocab_size, (1, n), generator=gen) for n in [warm, *contexts]}
-    tok = IdsTokenizer(prompts)
-
-    def example(n: int) -> NiahExample:
-        return NiahExample(prompt=f"ids-{n}", answers=("0",), task="niah_single", lang="random",
-                           context_tokens=n, depth=0.5, target_tokens=n)
-
-    warm_rows = niah_runner(model, tok, [example(warm)], 2, device)  # compiles the kernels, untimed
-    yield {"meta": {"model": spec["model"], "params": sum(p.numel() for p in model.parameters()),
-                    "fa_layers": getattr(getattr(model, "hybridlab_spec", None), "fa_layers", None),
-                    "warmup_s": warm_rows["seconds"][0], "dtype": str(dtype).replace("torch.", ""),
-                    "new_tokens": spec["new_tokens"]}}
-    plan, _ = plan_module()
-    for n in contexts:  # one at a time, so a timeout keeps the finished lengths
-        row = niah_runner(model, tok, [example(n)], spec["new_tokens"], device).row(0, named=True)
-        rec = {"model": spec["model"], "context": n, "seconds": row["seconds"], "peak_bytes": row["peak_memory_bytes"],
-               "memory_kind": row["memory_kind"], "oom": bool(row["oom"]), "plan_estimate": None,
-               "plan_rel_err": None}
-        if plan is not None and callable(getattr(plan, "estimate_generate", None)):
-            try:
-                mixer_layers = len(model.hybridlab_spec.mixer_layers) if spec["model"] == "hybrid" else 0
-                est = plan.estimate_generate(config, batch=1, context=n, mixer=MIXER if mixer_layers else None,
-                                             mixer_layers=mixer_layers, precision="bf16" if cuda else "fp32")
-                rec["plan_estimate"] = int(est.total) - int(dict(est.terms).get("cuda_context", 0))
-                if cuda and rec["peak_bytes"] and not rec["oom"]:  # on CPU the peak is the process RSS
-                    rec["plan_rel_err"] = (rec["plan_estimate"] - rec["peak_bytes"]) / rec["peak_bytes"]
-            except Exception as exc:  # noqa: BLE001
-                rec["plan_reason"] = f"plan.estimate_generate failed: {type(exc).__name__}: {str(exc)[:200]}"
-        yield rec
-        if rec["oom"]:
-            for m in contexts[contexts.index(n) + 1:]:
-                yield {"model": spec["model"], "context": m, "seconds": None, "peak_bytes": None, "oom": True,
-                       "skipped": True, "plan_estimate": None}
-            return
-
-
-STAGES = {"device": run_device, "distill": run_distill, "niah": run_niah}
-
-
-def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

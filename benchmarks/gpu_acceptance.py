@@ -10,8 +10,10 @@ finished measurements kept; skipped with a reason when too little of the total `
    fp32 and bf16, at T=4096 (`_acceptance_kernels`).
 3. `cuda_tests`: `pytest -q -m cuda tests/`.
 4. `distill:qwen3_0.6b`, `distill:qwen3_4b`: one stage-2 distillation update of a Qwen3-shaped random
-   hybrid student through the project's loop; tokens/s, MFU, peak memory against the memory plan.
-5. `niah:hybrid`, `niah:dense`: generation time and memory at 32K and 128K context, 4B shapes.
+   hybrid student through the project's loop; tokens/s, MFU, peak memory against the memory plan
+   (`_acceptance_models`).
+5. `niah:hybrid`, `niah:dense`: generation time and memory at 32K and 128K context, 4B shapes
+   (`_acceptance_niah`).
 6. `pipeline`: the smoke DAG (`snakemake all --config scale=smoke`) in a temporary git copy of the
    working tree, so results/ is untouched. The DAG has no device switch: its training and evaluation
    scripts use CUDA whenever it is available (`TrainConfig.device="auto"`).
@@ -28,8 +30,9 @@ to `--out`); progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
-import math
 import os
 import re
 import shutil
@@ -121,9 +124,8 @@ def worker_main(spec_json: str, out_path: str) -> int:
             out.flush()
 
         try:
-            if spec["stage"] == "kernels":
-                import _acceptance_kernels as module
-
+            if spec["stage"] in ("kernels", "niah"):
+                module = importlib.import_module(f"_acceptance_{spec['stage']}")
                 records = module.run(spec)
             else:
                 import _acceptance_models as module
@@ -228,8 +230,6 @@ def stage_specs(dry_run: bool, micro_batch: int | None) -> dict[str, dict[str, A
 
 def precondition(name: str, device: dict[str, Any] | None, dry_run: bool) -> str | None:
     """Why stage `name` cannot run here (None: it can)."""
-    import importlib.util
-
     if name == "device":
         return None
     if device is None:
