@@ -116,7 +116,6 @@ def worker_main(spec_json: str, out_path: str) -> int:
     """Subprocess entry: run one stage, appending each record as a JSON line as soon as it exists."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    sys.path[:0] = [str(ROOT / "src"), str(HERE)]
     spec = json.loads(spec_json)
     with open(out_path, "a") as out:
         def emit(record: dict[str, Any]) -> None:
@@ -142,21 +141,31 @@ def worker_main(spec_json: str, out_path: str) -> int:
 
 
 # ---- stages run by the orchestrator itself -------------------------------------------------------------
+def pytest_counts(output: str) -> dict[str, int]:
+    """passed / failed / skipped / errors from the last summary line of `pytest -q` output."""
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "errors")}
+    pattern = r"(\d+) (passed|failed|skipped|errors?|deselected)\b"
+    summary = [line for line in output.splitlines() if re.search(pattern, line)]
+    for n, word in re.findall(pattern, summary[-1] if summary else ""):
+        if word != "deselected":
+            counts["errors" if word.startswith("error") else word] += int(n)
+    return counts
+
+
 def stage_cuda_tests(dry_run: bool, budget: float, logs: Path) -> dict[str, Any]:
     target = "tests/test_ops_cuda.py" if dry_run else "tests/"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", target]
     log = logs / "cuda_tests.log"
     rc, seconds = run_process(cmd, budget, log)
     text = tail(log, 4000)
-    counts = {k: 0 for k in ("passed", "failed", "skipped", "errors")}
-    summary = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)", line)]
-    for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary[-1] if summary else ""):
-        counts["errors" if word.startswith("error") else word] += int(n)
-    status = "timeout" if rc is None else "ok" if rc in (0, 5) else "error"  # 5: nothing collected
-    return {"status": status, "reason": None if status == "ok" else f"pytest exit code {rc}" if rc is not None else
-            f"stopped at its {budget:.0f} s budget", "seconds": round(seconds, 2), "budget_s": round(budget, 1),
+    counts = pytest_counts(text)
+    # pytest: 0 all passed, 1 some failed (a result), 5 nothing collected; anything else broke the run
+    status = "timeout" if rc is None else "ok" if rc in (0, 1, 5) else "error"
+    reason = (f"stopped at its {budget:.0f} s budget" if rc is None else f"pytest exit code {rc}" if status == "error"
+              else f"{counts['failed']} failed, {counts['errors']} errors" if rc == 1 else None)
+    return {"status": status, "reason": reason, "seconds": round(seconds, 2), "budget_s": round(budget, 1),
             "command": " ".join(cmd[1:]), "returncode": rc, **counts,
-            "log_tail": None if status == "ok" else text[-1500:]}
+            "log_tail": text[-1500:] if rc != 0 and rc != 5 else None}
 
 
 def _smoke():
@@ -193,7 +202,8 @@ def stage_pipeline(dry_run: bool, budget: float, logs: Path) -> dict[str, Any]:
         copy_tree(work)
         cmd = [sys.executable, "-m", "snakemake", *(["-n"] if dry_run else []), "all", "--config", "scale=smoke",
                "--cores", str(os.cpu_count() or 1)]
-        rc, _ = run_process(cmd, budget - (time.perf_counter() - start), log, cwd=work, env=_smoke().pipeline_env())
+        env = _smoke().pipeline_env(PYTHONPATH=str(work / "src"))  # the copy's own sources
+        rc, _ = run_process(cmd, budget - (time.perf_counter() - start), log, cwd=work, env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -293,8 +303,15 @@ def say(text: str) -> None:
     print(f"[gpu_acceptance] {text}", file=sys.stderr, flush=True)
 
 
+def importable_project() -> None:
+    """The project and the benchmark helpers importable here and in every subprocess, installed or not."""
+    sys.path[:0] = [p for p in (str(ROOT / "src"), str(HERE)) if p not in sys.path]
+    paths = [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    sys.path[:0] = [str(HERE)]
+    importable_project()
     from _acceptance_report import build
 
     args = parse_args(argv)

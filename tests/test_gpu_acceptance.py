@@ -165,6 +165,14 @@ def test_a_stage_past_its_budget_is_stopped_with_its_children(tmp_path):
     assert not marker.exists()  # the background child was killed with its process group
 
 
+def test_pytest_summary_counts():
+    out = "....F.s\nFAILED tests/test_ops_cuda.py::test_x - assert\n1 failed, 5 passed, 1 skipped, 2 errors in 3.1s\n"
+    assert gpu_acceptance.pytest_counts(out) == {"passed": 5, "failed": 1, "skipped": 1, "errors": 2}
+    assert gpu_acceptance.pytest_counts("14 skipped, 300 deselected in 2.0s") == {
+        "passed": 0, "failed": 0, "skipped": 14, "errors": 0}
+    assert gpu_acceptance.pytest_counts("1 error in 0.5s")["errors"] == 1
+
+
 def test_bad_arguments_are_one_line_usage_errors(capsys):
     for argv in (["--budget", "nosuch=5"], ["--budget", "pipeline=-1"], ["--budget", "pipeline"],
                  ["--peak-tflops", "0"], ["--micro-batch", "0"], ["--only", "nosuch"]):
