@@ -95,6 +95,17 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
     assert rep["pass"] is False  # the CPU reaches nowhere near 40 % MFU
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour of the GPU mode")
+def test_gpu_mode_without_a_gpu_skips_every_stage_with_the_reason(capsys):
+    rep = gpu_acceptance.main([])
+    assert json.loads(capsys.readouterr().out) == rep and set(rep) == TOP_KEYS
+    assert rep["device"]["status"] == "ok" and rep["device"]["type"] == "cpu"
+    for stage in (rep["kernels"], rep["cuda_tests"], rep["pipeline"], *rep["distill"].values(), *rep["niah"].values()):
+        assert stage["status"] == "skipped" and "no CUDA device" in stage["reason"]
+    assert all(t["pass"] is None and "no CUDA device" in t["reason"] for t in rep["targets"].values())
+    assert rep["pass"] is False and not any(rep["checks"].values())
+
+
 def test_kernel_check_catches_a_wrong_backward_with_a_correct_forward(monkeypatch):
     class ReversedGrad(torch.autograd.Function):  # identity forward, gradient reversed in time (same norm)
         @staticmethod
