@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
 from hybridlab.errors import HybridlabError
@@ -170,8 +171,8 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizers: dict[str, to
     sd = {"model": model.state_dict(), "optim": template}
     try:
         dcp.load(sd, checkpoint_id=str(path), no_dist=not _distributed())
-    except Exception as e:
-        raise HybridlabError(f"checkpoint {path} does not fit this model ({_short(e)}); {_FIX}") from e
+    except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+        raise HybridlabError(f"checkpoint {path} is unreadable or does not fit this model ({_short(e)}); {_FIX}") from e
     owner = {id(p): opt for opt in optimizers.values() for g in opt.param_groups for p in g["params"]}
     for name, st in template.items():
         p = by_name[name]
@@ -201,7 +202,9 @@ def remove_run_outputs(out_dir: str | Path, ckpt_subdir: str, files: tuple[str, 
         (out / f).unlink(missing_ok=True)
 
 
-def _short(e: Exception) -> str:
+def _short(e: BaseException) -> str:
+    if isinstance(e, CheckpointException) and e.failures:  # the first rank's own error, not DCP's traceback
+        e = next(iter(e.failures.values()))
     msg = " ".join(str(e).split()) or type(e).__name__
     return msg[:200]
 

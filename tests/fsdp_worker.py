@@ -1,0 +1,88 @@
+"""One training run for tests/test_fsdp.py, started as `python` (1 process) or under torchrun (W).
+
+Usage: fsdp_worker.py OUT_ROOT [--kill-at STEP] SCENARIO... Runs the scenarios one after the other in
+this process (one launch, many runs: process start-up dominates at these sizes) into OUT_ROOT/<scenario>.
+Writes OUT_ROOT/<scenario>/final.pt (rank 0): the caller's model state after `train` returns (the
+engine gathers the trained weights back into it).
+"""
+
+import os
+import sys
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from hybridlab.models.convert import convert_to_hybrid
+from hybridlab.train import distill
+from hybridlab.train.config import TrainConfig
+from hybridlab.train.freeze import FreezeSchedule
+from hybridlab.train.loop import train
+from hybridlab.train.tasks import CausalLMTask
+
+V, T = 64, 16
+
+
+class Kill(Exception):
+    pass
+
+
+def qwen(seed=0, layers=2):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
+                      max_position_embeddings=T)
+    return Qwen3ForCausalLM(cfg)
+
+
+def run(scenario, out, kill_at):
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, V, (T + 1,), generator=g) for _ in range(24)]
+    base = dict(out_dir=out, steps=4, micro_batch_size=2, grad_accum=4, lr=1e-2, ckpt_every=2, log_every=1,
+                progress=False, device="cpu", precision="fp32", activation_checkpointing=True)
+    hooks, task, model = [], CausalLMTask(), qwen()  # scenario "lm": the plain run
+    if scenario == "switch":  # AdamW for 2 updates, then Muon for the hidden matrices
+        base.update(optimizer_switch_step=2, optimizer_after_switch="muon")
+    elif scenario == "freeze":  # MLPs frozen for the first 2 updates, then trained
+        base.update(ckpt_every=1, keep_last_k=4)
+        hooks.append(FreezeSchedule(r"\.mlp\.", [(0, 2)]))
+    elif scenario == "bf16":
+        base.update(precision="bf16")
+    elif scenario in ("stage1", "stage2"):  # distillation of a converted GDN hybrid
+        teacher = distill.freeze(qwen(seed=5))
+        torch.manual_seed(3)
+        model = convert_to_hybrid(qwen(seed=5), [1], "gdn")
+        data = [row[:T] for row in data]
+        if scenario == "stage1":
+            distill.freeze_all_but_mixers(model)
+            task = distill.Stage1Task(teacher, model, inputs="teacher")
+        else:
+            task = distill.Stage2Task(teacher, chunk_tokens=8)
+    if kill_at is not None:
+        def killer(step, model, opt):
+            if step == kill_at:
+                raise Kill(f"killed before update {step}")
+        hooks.append(killer)
+    train(model, task, data, TrainConfig(**base), on_step_start=hooks)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
+
+
+def main():
+    args = sys.argv[1:]
+    root, kill_at = args.pop(0), None
+    if args[0] == "--kill-at":
+        kill_at = int(args[1])
+        args = args[2:]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # one group for all runs (train() reuses a group it did not create)
+        torch.distributed.init_process_group("gloo")
+    try:
+        for scenario in args:
+            run(scenario, os.path.join(root, scenario), kill_at)
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
