@@ -89,8 +89,10 @@ NOT_READY = f"{PY} workflow_scripts/not_ready.py"
 
 
 def launcher(n_gpu):
-    """How a training script starts: plain python on CPU or one GPU, torchrun for several GPUs."""
-    return PY if n_gpu <= 1 else f"torchrun --standalone --nproc_per_node {n_gpu}"
+    """How a training script starts: plain python on CPU or one GPU, torchrun for several (FSDP2)."""
+    from hybridlab.train.launch import launch_prefix
+
+    return launch_prefix(max(1, n_gpu), python=PY)
 
 
 # On CPU each training job gets one thread and Snakemake runs jobs side by side: measured on 2 cores,
