@@ -10,6 +10,7 @@ from hybridlab.eval.softcka import (
     flatten_sets,
     median_sigma,
     pair_alignment,
+    pair_alignment_gram_rows,
     rff_error_bound,
     rff_sentence_gram,
     sentence_gram,
@@ -108,7 +109,7 @@ def test_identical_inputs_give_one_for_exact_and_rff():
         assert r.alignment == pytest.approx(1.0, abs=1e-9)
 
 
-def test_invariant_to_rotation_and_isotropic_scaling_of_one_language():
+def test_cka_invariant_to_rotation_and_isotropic_scaling_of_one_language():
     sets, _ = _structured_sets(seed=2)
     x_sets = _retokenise(sets, seed=5)
     base = soft_cka(sets, x_sets)
@@ -116,8 +117,14 @@ def test_invariant_to_rotation_and_isotropic_scaling_of_one_language():
     moved = soft_cka(sets, [7.5 * s @ Q for s in x_sets])
     assert moved.sigma_x == pytest.approx(7.5 * base.sigma_x, rel=1e-5)
     assert moved.cka == pytest.approx(base.cka, abs=1e-6)
-    assert moved.alignment == pytest.approx(base.alignment, abs=1e-6)
+    assert moved.alignment_gram_rows == pytest.approx(base.alignment_gram_rows, abs=1e-6)
     assert moved.cka_debiased == pytest.approx(base.cka_debiased, abs=1e-6)
+    # the defined alignment compares both languages in ONE space: moving one language breaks it, moving
+    # both together (same rotation and scale) does not
+    assert moved.alignment < base.alignment - 0.5
+    both = soft_cka([7.5 * s @ Q for s in sets], [7.5 * s @ Q for s in x_sets])
+    assert both.alignment == pytest.approx(base.alignment, abs=1e-6)
+    assert both.sigma_pair == pytest.approx(7.5 * base.sigma_pair, rel=1e-5)
 
 
 def test_different_tokenisation_is_handled_and_shuffling_lowers_similarity():
@@ -141,17 +148,131 @@ def test_debiased_cka_is_near_zero_for_unrelated_data_while_plain_cka_is_biased_
     assert abs(r.cka_debiased) < 0.1
 
 
-def test_pair_alignment_matches_per_row_cosine_without_diagonal():
+def test_plain_cka_is_biased_upward_on_independent_random_sets_at_n64():
+    # independent i.i.d. token sets (no shared structure at all), seeded: the plain estimator is clearly
+    # positive at N = 64, the debiased one is ~0
+    g = torch.Generator().manual_seed(11)
+    a = [torch.randn(int(torch.randint(3, 9, (1,), generator=g)), 8, generator=g) for _ in range(64)]
+    b = [torch.randn(int(torch.randint(3, 9, (1,), generator=g)), 8, generator=g) for _ in range(64)]
+    r = soft_cka(a, b)
+    assert r.cka > 0.05
+    assert abs(r.cka_debiased) < 0.04  # 0.209 plain vs 0.022 debiased here
+    assert r.cka - r.cka_debiased > 0.05
+
+
+# --- pair alignment: the defined kernel-mean-embedding cosine vs the Gram-row variant -------------------
+
+# 3 translation pairs, 1-2 token vectors in 2-D per sentence
+TOY_EN = [torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[0.0, 2.0]])]
+TOY_X = [torch.tensor([[0.0, 0.5], [0.5, 0.0]]), torch.tensor([[1.5, 0.5]]), torch.tensor([[-0.5, 2.0], [0.0, 1.5]])]
+
+
+def _naive_set_kernel(A, B, sigma):
+    total = 0.0
+    for a in A.tolist():
+        for b in B.tolist():
+            total += math.exp(-((a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2) / (2 * sigma**2))
+    return total / (len(A) * len(B))
+
+
+def _naive_kme_alignment(en, x, sigma):
+    """Per pair, by loops: k~(A, B) = k(A, B) - mean_j k(A, S_j) - mean_j k(S_j, B) + mean_jl k(S_j, S_l)
+    over the 2N pooled sets, cos_i = k~(E_i, X_i) / sqrt(k~(E_i, E_i) k~(X_i, X_i))."""
+    pooled = list(en) + list(x)
+    m = len(pooled)
+
+    def k(A, B):
+        return _naive_set_kernel(A, B, sigma)
+
+    grand = sum(k(P, Q) for P in pooled for Q in pooled) / m**2
+
+    def kt(A, B):
+        return k(A, B) - sum(k(A, S) for S in pooled) / m - sum(k(S, B) for S in pooled) / m + grand
+
+    return [kt(e, xx) / math.sqrt(kt(e, e) * kt(xx, xx)) for e, xx in zip(en, x)]
+
+
+def _naive_median_distance(sets):
+    pts = [p for s in sets for p in s.tolist()]
+    d = sorted(math.dist(pts[i], pts[j]) for i in range(len(pts)) for j in range(i + 1, len(pts)))
+    return d[(len(d) - 1) // 2]  # torch.median: the lower middle value
+
+
+def test_pair_alignment_matches_naive_loops_on_a_2d_toy():
+    sigma = 1.0
+    want = _naive_kme_alignment(TOY_EN, TOY_X, sigma)
+    flat, off = flatten_sets(TOY_EN + TOY_X)
+    G, _ = sentence_gram(flat, off, sigma)
+    got = pair_alignment(G)
+    assert got.tolist() == pytest.approx(want, rel=1e-5)
+    # a hand check of one entry of the pooled Gram: k(E_1, X_0) = mean of the four token-pair kernels
+    d2 = [(1 - 0) ** 2 + (0 - 0.5) ** 2, (1 - 0.5) ** 2, (1 - 0) ** 2 + (1 - 0.5) ** 2, (1 - 0.5) ** 2 + 1]
+    assert float(G[1, 3]) == pytest.approx(sum(math.exp(-v / 2) for v in d2) / 4, rel=1e-6)
+    # the old Gram-row cosine is another quantity on the same toy (this test fails on the old definition)
+    K, _ = sentence_gram(*flatten_sets(TOY_EN), sigma)
+    L, _ = sentence_gram(*flatten_sets(TOY_X), sigma)
+    Kc, Lc = center_gram(K), center_gram(L)
+    old = []
+    for i in range(3):
+        keep = [j for j in range(3) if j != i]
+        u, v = Kc[i, keep], Lc[i, keep]
+        old.append(float(u @ v / (u.norm() * v.norm())))
+    old = torch.tensor(old, dtype=torch.float64)
+    assert old.tolist() == pytest.approx([0.88138, 0.99249, 0.86471], abs=1e-4)
+    assert want == pytest.approx([0.87343, 0.77009, 0.89591], abs=1e-4)
+    assert float((old - torch.tensor(want, dtype=torch.float64)).abs().max()) > 0.2
+
+
+def test_soft_cka_kme_alignment_uses_one_pooled_bandwidth_and_matches_naive_loops():
+    en = TOY_EN + [torch.tensor([[2.0, 2.0]])]  # CKA needs N >= 4
+    x = TOY_X + [torch.tensor([[2.0, 1.5], [2.5, 2.0]])]
+    r = soft_cka(en, x)
+    sigma_pair = _naive_median_distance(en + x)
+    assert r.sigma_pair == pytest.approx(sigma_pair, rel=1e-6)
+    assert r.alignment_method == "kme" and r.sigma_convention == "median_distance"
+    assert r.alignment == pytest.approx(sum(_naive_kme_alignment(en, x, sigma_pair)) / 4, rel=1e-5)
+    rows = soft_cka(en, x, alignment="gram_rows")
+    assert rows.alignment == rows.alignment_gram_rows == pytest.approx(r.alignment_gram_rows, abs=1e-12)
+    assert rows.sigma_pair is None
+    assert abs(rows.alignment - r.alignment) > 0.05
+
+
+def test_pair_alignment_identical_inputs_give_one_and_unrelated_near_zero():
+    sets, _ = _structured_sets(n_sent=40, seed=12)
+    assert soft_cka(sets, sets).alignment == pytest.approx(1.0, abs=1e-9)
+    a, _ = _structured_sets(n_sent=40, seed=13)
+    b, _ = _structured_sets(n_sent=40, seed=14)
+    r = soft_cka(a, b)
+    assert abs(r.alignment) < 0.05  # ~0 for unrelated pairs
+
+
+def test_pair_alignment_gram_rows_matches_per_row_cosine_without_diagonal():
     g = torch.Generator().manual_seed(0)
     A, B = torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)
     K, L = A @ A.T, B @ B.T
     Kc, Lc = center_gram(K), center_gram(L)
-    got = pair_alignment(K, L)
+    got = pair_alignment_gram_rows(K, L)
     for i in range(6):
         keep = [j for j in range(6) if j != i]
         u, v = Kc[i, keep], Lc[i, keep]
         assert float(got[i]) == pytest.approx(float(u @ v / (u.norm() * v.norm())), rel=1e-10)
-    torch.testing.assert_close(pair_alignment(K, K), torch.ones(6, dtype=torch.float64))
+    torch.testing.assert_close(pair_alignment_gram_rows(K, K), torch.ones(6, dtype=torch.float64))
+
+
+def test_sigma_conventions_hand_computed_and_recorded():
+    # 3 points on a line: distances 1, 2, 3 -> median 2; squared 1, 4, 9 -> median 4 -> sigma = sqrt(2)
+    x = torch.tensor([[0.0], [1.0], [3.0]])
+    assert median_sigma(x) == pytest.approx(2.0)
+    assert median_sigma(x, convention="median_sq_distance") == pytest.approx(math.sqrt(2.0))
+    sets, _ = _structured_sets(n_sent=30, seed=15)
+    x_sets = _retokenise(sets, seed=3)
+    a = soft_cka(sets, x_sets)
+    b = soft_cka(sets, x_sets, sigma_convention="median_sq_distance")
+    assert b.sigma_convention == "median_sq_distance"
+    assert b.sigma_eng == pytest.approx(a.sigma_eng / math.sqrt(2.0), rel=1e-6)
+    assert b.cka != a.cka
+    with pytest.raises(HybridlabError, match="sigma_convention"):
+        soft_cka(sets, x_sets, sigma_convention="mean")
 
 
 def test_english_gram_reuse_gives_the_same_result():
@@ -200,6 +321,10 @@ def test_user_errors_are_clear():
         soft_cka(sets, sets, method="kernel")
     with pytest.raises(HybridlabError, match="identical"):
         median_sigma(torch.ones(10, 3))
+    with pytest.raises(HybridlabError, match="unknown pair alignment"):
+        soft_cka(sets, sets, alignment="rows")
+    with pytest.raises(HybridlabError, match="English token sets"):
+        soft_cka((), sets, eng_gram=sentence_gram(*flatten_sets(sets)))
     flat, off = flatten_sets(sets)
     with pytest.raises(HybridlabError, match="offsets"):
         sentence_gram(flat, off[:-1])

@@ -6,25 +6,42 @@ Definitions (this project's; see DESIGN.md "Evaluation"):
 - Sentence kernel within one language: the mean RBF kernel over all token pairs (a set kernel, i.e. the
   inner product of kernel mean embeddings, "soft matching" of tokens),
       k(S_i, S_j) = mean_{a in S_i, b in S_j} exp(-||a - b||^2 / (2 sigma^2)).
-- Bandwidth, median heuristic: sigma = median ||a - b|| over token pairs a != b (by position) of ONE
-  language and layer, pooled over all its sentences. If the language has at most `median_pairs`
-  distinct pairs all of them are used, otherwise all pairs among m tokens drawn uniformly without
-  replacement with `torch.Generator().manual_seed(seed)`, m the smallest with m(m-1)/2 >= median_pairs.
-  The tokens depend only on the token count and the seed, so rotating or scaling the vectors leaves
-  the chosen pairs, and hence SoftCKA, unchanged.
+- Bandwidth, median heuristic, over token pairs a != b (by position) of ONE language and layer,
+  pooled over all its sentences, under an explicit `sigma_convention`:
+    "median_distance" (default, the project's convention since the start): sigma = median ||a - b||;
+    "median_sq_distance" (the other common one): 2 sigma^2 = median ||a - b||^2, i.e. the median
+    distance / sqrt(2) (the median picks one element, so squaring commutes with it).
+  The second halves sigma^2, so the kernel is sharper: measured on the project's models it moves SoftCKA
+  by up to 0.027; on seeded toy sets (N = 64) by ~0.001 for related and +0.09 for unrelated sets. If the language has at most `median_pairs` distinct pairs all of them are used,
+  otherwise all pairs among m tokens drawn uniformly without replacement with
+  `torch.Generator().manual_seed(seed)`, m the smallest with m(m-1)/2 >= median_pairs. The tokens
+  depend only on the token count and the seed, so rotating or scaling the vectors leaves the chosen
+  pairs, and hence SoftCKA, unchanged.
 - SoftCKA (linear CKA of Kornblith et al. 2019, "Similarity of Neural Network Representations
   Revisited", applied to the two N x N sentence Gram matrices K (English) and L (language X)):
       SoftCKA = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)),  HSIC(K, L) = tr(K H L H), H = I - 11^T / N.
   With Kc = H K H (computed once per Gram) HSIC(K, L) = <Kc, Lc>_F, so the (N-1)^-2 factors cancel.
   This plain (biased) estimator is positive even for unrelated data at small N (the diagonal of both
-  Grams is large); `cka_debiased` also reports CKA with the unbiased HSIC estimator of Song et al.
-  (2012), which is ~0 for unrelated data. Compare models by `cka`, sanity-check with `cka_debiased`.
-- Pair alignment (relational, per translation pair i): the cosine between row i of Kc and row i of Lc
-  with the diagonal entry j = i left out (it is each sentence's self-similarity, large in both
-  languages, and would inflate the cosine). Row i of Kc holds the inner products of sentence i's
-  centred kernel mean embedding with those of all other sentences, so the cosine asks "is sentence i
-  similar to the same other sentences in both languages". The corpus value is the mean over i.
-  It needs no shared space, so it also compares different models and tokenisers. Identical inputs -> 1.
+  Grams is large; independent random sets give ~0.1 at N = 64); `cka_debiased` reports CKA with the
+  unbiased HSIC estimator of Song et al. (2012), which is ~0 for unrelated data. Both are reported.
+- Pair alignment (default `alignment="kme"`, the design's definition): per translation pair i, the
+  centred cosine of the kernel mean embeddings of S_i^EN and S_i^X in the model's ONE representation
+  space. The 2N sets of both languages are pooled (S_1..S_N English, S_{N+1}..S_{2N} language X) with
+  ONE bandwidth sigma_pair (the same median heuristic and convention over the pooled tokens of both
+  languages), G[p, q] = k(S_p, S_q) is their 2N x 2N set-kernel Gram (the off-diagonal blocks are the
+  cross-language kernel k(S_i^EN, S_j^X)), and the centring subtracts the mean embedding of all 2N sets:
+      G~[p, q] = G[p, q] - mean_r G[p, r] - mean_r G[r, q] + mean_{r, s} G[r, s]   (r, s over the 2N sets)
+               = (H G H)[p, q],  H = I - 11^T / (2N),
+      alignment_i = G~[i, N+i] / sqrt(G~[i, i] G~[N+i, N+i]),
+  and the corpus value is the mean over i. Identical inputs -> 1; unrelated sets -> ~0.
+- Variant `alignment="gram_rows"` (the project's earlier, relational measure, kept as
+  `alignment_gram_rows` in every result): the cosine between row i of Kc and row i of Lc with the
+  diagonal entry j = i left out. It asks "is sentence i similar to the same OTHER sentences in both
+  languages", needs no shared space (so it also compares different models and tokenisers) and no extra
+  Gram, but it is a different quantity: it measures the shape of the similarity structure, not whether
+  the two sentences of a pair sit together. Seeded toy corpora (N = 64, tests' `_structured_sets`):
+  language X = English re-tokenised gives 0.98 with both; re-tokenised AND rotated (same structure,
+  another space) gives gram_rows 0.98 but kme -0.10 to -0.14; unrelated sets give ~0 with both.
 
 Exact path. Each distinct token vector is one row of the layout: a causal model gives sentences that
 start with the same tokens bit-identical states there, and layer 0 is one embedding row per token id
@@ -77,6 +94,14 @@ from hybridlab.errors import HybridlabError
 TokenSets = Sequence[torch.Tensor] | tuple[torch.Tensor, torch.Tensor]
 
 MEDIAN_PAIRS = 100_000
+SIGMA_CONVENTIONS = ("median_distance", "median_sq_distance")
+ALIGNMENTS = ("kme", "gram_rows")
+
+
+def check_sigma_convention(convention: str) -> None:
+    if convention not in SIGMA_CONVENTIONS:
+        raise HybridlabError(f"unknown sigma_convention {convention!r}; use 'median_distance' (sigma = median "
+                             "distance) or 'median_sq_distance' (2 sigma^2 = median squared distance)")
 
 
 def flatten_sets(sets: TokenSets) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +133,12 @@ def _check_offsets(flat_TD: torch.Tensor, offsets_N1: torch.Tensor) -> None:
         raise HybridlabError("offsets must be strictly increasing: every sentence needs at least one token")
 
 
-def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIRS, seed: int = 0) -> float:
-    """Median distance over token pairs of distinct positions (all pairs, or all pairs of a seeded token sample)."""
+def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIRS, seed: int = 0,
+                 convention: str = "median_distance") -> float:
+    """RBF bandwidth from the token pairs of distinct positions (all pairs, or all pairs of a seeded token
+    sample): the median distance ("median_distance") or sqrt(median squared distance / 2)
+    ("median_sq_distance", i.e. 2 sigma^2 = median ||a - b||^2)."""
+    check_sigma_convention(convention)
     T = token_vecs_TD.shape[0]
     if T < 2:
         raise HybridlabError("the median-heuristic bandwidth needs at least 2 tokens in a language")
@@ -122,7 +151,10 @@ def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIR
         keep_M = torch.randperm(T, generator=torch.Generator().manual_seed(seed))[:m]
         x_TD = x_TD.index_select(0, keep_M.to(x_TD.device))
     dist_P = torch.pdist(x_TD)
-    sigma = float(dist_P.median())
+    if convention == "median_distance":
+        sigma = float(dist_P.median())
+    else:
+        sigma = math.sqrt(float((dist_P.double() ** 2).median()) / 2.0)
     if not sigma > 0.0 or not math.isfinite(sigma):
         raise HybridlabError(f"median token distance is {sigma}; the vectors are (mostly) identical or "
                              "non-finite, so the RBF bandwidth is undefined - check the captured states")
@@ -214,15 +246,18 @@ def _gram_layout(x_TD: torch.Tensor, lengths_N: torch.Tensor, block_tokens: int
 
 def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float | None = None,
                   block_tokens: int = 1024, device: str | torch.device | None = None, *,
-                  median_pairs: int = MEDIAN_PAIRS, seed: int = 0) -> tuple[torch.Tensor, float]:
-    """Exact sentence Gram K[i, j] = mean RBF kernel over token pairs; returns (K [N, N] float64 CPU, sigma)."""
+                  median_pairs: int = MEDIAN_PAIRS, seed: int = 0,
+                  sigma_convention: str = "median_distance") -> tuple[torch.Tensor, float]:
+    """Exact sentence Gram K[i, j] = mean RBF kernel over token pairs; returns (K [N, N] float64 CPU, sigma).
+
+    sigma=None: the median heuristic under `sigma_convention` (module docstring)."""
     _check_offsets(token_vecs, offsets)
     if block_tokens < 1:
         raise HybridlabError(f"block_tokens must be >= 1, got {block_tokens}")
     dev = torch.device(device) if device is not None else token_vecs.device
     x_TD = token_vecs.to(dev, torch.float32)
     if sigma is None:
-        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed)
+        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed, convention=sigma_convention)
     elif not sigma > 0:
         raise HybridlabError(f"sigma must be > 0, got {sigma}")
     lengths_N = (offsets[1:] - offsets[:-1]).to(dev, torch.long)
@@ -279,7 +314,8 @@ def _rff_weights(D: int, half: int, seed: int, orthogonal: bool) -> torch.Tensor
 def rff_sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, n_features: int, seed: int,
                       sigma: float | None = None, device: str | torch.device | None = None, *,
                       orthogonal: bool = True, median_pairs: int = MEDIAN_PAIRS,
-                      chunk_tokens: int = 8192) -> tuple[torch.Tensor, float]:
+                      chunk_tokens: int = 8192, sigma_convention: str = "median_distance"
+                      ) -> tuple[torch.Tensor, float]:
     """Random-Fourier-feature sentence Gram (n_features = 2 F', even); returns (K_rff [N, N] float64 CPU, sigma)."""
     _check_offsets(token_vecs, offsets)
     if n_features < 2 or n_features % 2:
@@ -287,7 +323,7 @@ def rff_sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, n_feature
     dev = torch.device(device) if device is not None else token_vecs.device
     x_TD = token_vecs.to(dev, torch.float32)
     if sigma is None:
-        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed)
+        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed, convention=sigma_convention)
     elif not sigma > 0:
         raise HybridlabError(f"sigma must be > 0, got {sigma}")
     T, D = x_TD.shape
@@ -376,8 +412,26 @@ def cka_from_grams(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False, 
     return float((Kc * Lc).sum()) / denom
 
 
-def pair_alignment(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
-    """Per translation pair i: cosine of centred Gram rows K_i and L_i without the diagonal entry; [N]."""
+def pair_alignment(pooled_gram: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
+    """The defined pair alignment, per translation pair i ([N]), from the pooled 2N x 2N set-kernel Gram
+    (rows/columns 0..N-1 English, N..2N-1 language X, one bandwidth): centre over the 2N sets
+    (G~ = H G H), then cos_i = G~[i, N+i] / sqrt(G~[i, i] G~[N+i, N+i]). See the module docstring."""
+    G = pooled_gram
+    if G.dim() != 2 or G.shape[0] != G.shape[1] or G.shape[0] % 2 or G.shape[0] < 4:
+        raise HybridlabError(f"the pooled Gram must be square with 2N >= 4 rows (N English then N language-X "
+                             f"sentences), got shape {tuple(G.shape)}; build it from both languages' sets")
+    Gc = G.double() if centered else center_gram(G)
+    n = G.shape[0] // 2
+    idx = torch.arange(n)
+    num_N = Gc[idx, idx + n]
+    den_N = (Gc[idx, idx].clamp_min(0.0) * Gc[idx + n, idx + n].clamp_min(0.0)).sqrt()
+    return num_N / den_N.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def pair_alignment_gram_rows(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
+    """Variant "gram_rows": per pair i, cosine of centred Gram rows K_i and L_i without the diagonal; [N].
+
+    Relational (needs no shared space), but not the defined alignment; see the module docstring."""
     _check_pair(K, L)
     Kc = (K.double() if centered else center_gram(K)).clone()
     Lc = (L.double() if centered else center_gram(L)).clone()
@@ -394,9 +448,13 @@ class SoftCkaResult:
 
     cka: float  # linear CKA of the centred sentence Gram matrices (the headline, as in DESIGN.md)
     cka_debiased: float  # the same with the unbiased HSIC estimator (~0 for unrelated data)
-    alignment: float  # mean over translation pairs of `pair_alignment`
+    alignment: float  # mean over translation pairs of the `alignment_method` alignment
+    alignment_gram_rows: float  # mean over pairs of `pair_alignment_gram_rows` (always computed; free)
+    alignment_method: str  # "kme" (the defined `pair_alignment`) or "gram_rows"
     sigma_eng: float
     sigma_x: float
+    sigma_pair: float | None  # the pooled bandwidth of the kme alignment (None for gram_rows)
+    sigma_convention: str
     n_sentences: int
     method: str  # "exact" or "rff"
 
@@ -404,21 +462,28 @@ class SoftCkaResult:
 def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
              eng_gram: tuple[torch.Tensor, float] | None = None, block_tokens: int = 1024,
              device: str | torch.device | None = None, n_features: int = 2048, seed: int = 0,
-             orthogonal: bool = True, median_pairs: int = MEDIAN_PAIRS) -> SoftCkaResult:
+             orthogonal: bool = True, median_pairs: int = MEDIAN_PAIRS,
+             sigma_convention: str = "median_distance", alignment: str = "kme") -> SoftCkaResult:
     """SoftCKA between English and language X token sets (same sentence order, any token counts).
 
-    `eng_gram` = a (K, sigma) pair from `sentence_gram`/`rff_sentence_gram` (same method) to reuse the
-    English Gram across languages; then `eng_sets` is only used for its sentence count.
+    `eng_gram` = a (K, sigma) pair from `sentence_gram`/`rff_sentence_gram` (same method and
+    sigma_convention) to reuse the English Gram across languages. With alignment="kme" the English sets
+    are still needed (the pooled Gram of both languages); with "gram_rows" `eng_sets` may then be empty.
     """
     if method not in ("exact", "rff"):
         raise HybridlabError(f"unknown SoftCKA method {method!r}; use 'exact' or 'rff'")
+    check_sigma_convention(sigma_convention)
+    if alignment not in ALIGNMENTS:
+        raise HybridlabError(f"unknown pair alignment {alignment!r}; use 'kme' (the defined centred cosine of "
+                             "kernel mean embeddings) or 'gram_rows' (cosine of centred Gram rows)")
 
     def gram(sets: TokenSets) -> tuple[torch.Tensor, float]:
         flat, off = flatten_sets(sets)
         if method == "exact":
-            return sentence_gram(flat, off, None, block_tokens, device, median_pairs=median_pairs, seed=seed)
+            return sentence_gram(flat, off, None, block_tokens, device, median_pairs=median_pairs, seed=seed,
+                                 sigma_convention=sigma_convention)
         return rff_sentence_gram(flat, off, n_features, seed, device=device, orthogonal=orthogonal,
-                                 median_pairs=median_pairs)
+                                 median_pairs=median_pairs, sigma_convention=sigma_convention)
 
     x_flat, x_off = flatten_sets(x_sets)
     n_x = x_off.numel() - 1
@@ -431,7 +496,24 @@ def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
                              "the same parallel sentences (same sids, same order) in both")
     L, sigma_x = gram((x_flat, x_off))
     Kc, Lc = center_gram(K), center_gram(L)
+    rows = float(pair_alignment_gram_rows(Kc, Lc, centered=True).mean())
+    sigma_pair = None
+    if alignment == "kme":
+        if isinstance(eng_sets, (list, tuple)) and len(eng_sets) == 0:
+            raise HybridlabError("the kme pair alignment needs the English token sets (a pooled Gram of both "
+                                 "languages); pass them with eng_gram, or use alignment='gram_rows'")
+        e_flat, e_off = flatten_sets(eng_sets)
+        if e_off.numel() - 1 != n_x:
+            raise HybridlabError(f"English has {e_off.numel() - 1} token sets but language X has {n_x}; pass "
+                                 "the same parallel sentences in both")
+        pooled_flat = torch.cat([e_flat.to(x_flat.device, torch.float32), x_flat.float()])
+        pooled_off = torch.cat([e_off, e_off[-1] + x_off[1:]])
+        G, sigma_pair = gram((pooled_flat, pooled_off))
+        value = float(pair_alignment(G).mean())
+    else:
+        value = rows
     return SoftCkaResult(cka=cka_from_grams(Kc, Lc, centered=True),
                          cka_debiased=cka_from_grams(K, L, debiased=True),
-                         alignment=float(pair_alignment(Kc, Lc, centered=True).mean()),
-                         sigma_eng=sigma_e, sigma_x=sigma_x, n_sentences=n_x, method=method)
+                         alignment=value, alignment_gram_rows=rows, alignment_method=alignment,
+                         sigma_eng=sigma_e, sigma_x=sigma_x, sigma_pair=sigma_pair,
+                         sigma_convention=sigma_convention, n_sentences=n_x, method=method)
