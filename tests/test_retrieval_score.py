@@ -1,10 +1,12 @@
-"""Layer Retrieval Ability Score: hand-built models whose retrieving layers are known, a naive reference
-on a real hybrid, undefined scores and input errors."""
+"""Layer Retrieval Ability Score: hand-built models whose retrieving layers are known, a local copier
+that retrieves nothing (the artefact of patching every answer position), a naive reference on a real
+hybrid, undefined scores and input errors."""
 
 import math
 from types import SimpleNamespace
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from torch import nn
@@ -14,9 +16,10 @@ from hybridlab.errors import HybridlabError
 from hybridlab.eval.retrieval_score import retrieval_scores
 from hybridlab.train import spaced_retrieval as srt
 
-D = 32  # channels: 0-12 token one-hot, 13-22 retrieved digit, 23-31 scratch
+D = 40  # channels: 0-12 token one-hot, 13-22 retrieved digit, 23-39 scratch (23-33: a query)
 RET = 13
 SCRATCH = 23
+QRY = 23
 
 
 class Retriever(nn.Module):
@@ -47,6 +50,23 @@ class Distractor(nn.Module):
         return (out,)
 
 
+class LocalCopy(nn.Module):
+    """A KDA-like short causal depthwise convolution (kernel size 4, only the current-token tap set to
+    `weight`) from the token one-hot into the digit logits: it copies the local token and reads nothing
+    beyond its 4-token window, so it retrieves nothing for gaps >= 3."""
+
+    def __init__(self, weight: float):
+        super().__init__()
+        self.kernel_D1W = torch.zeros(10, 1, 4)
+        self.kernel_D1W[..., -1] = weight
+
+    def forward(self, h_BTD):
+        x_BDT = torch.nn.functional.pad(h_BTD[..., :10].transpose(1, 2), (3, 0))  # causal left padding
+        out = torch.zeros_like(h_BTD)
+        out[..., RET:RET + 10] = torch.nn.functional.conv1d(x_BDT, self.kernel_D1W, groups=10).transpose(1, 2)
+        return (out,)
+
+
 class Layer(nn.Module):
     def __init__(self, mixer):
         super().__init__()
@@ -67,7 +87,7 @@ class HandBuilt(nn.Module):
 
     def forward(self, input_ids, attention_mask=None):
         for layer in self.layers:
-            if isinstance(layer.self_attn, Retriever):
+            if hasattr(layer.self_attn, "ids"):  # Retriever, Induction: hand-built "attention" by token ids
                 layer.self_attn.ids = input_ids
         h = torch.nn.functional.one_hot(input_ids, D).float()
         for layer in self.layers:
@@ -108,21 +128,135 @@ def test_hand_built_split_retrieval_scores_halves():
 
 
 def test_score_is_a_ratio_of_sums_over_items():
-    """Per answer index k, layer 0 carries weight 1 and layer 1 weight k: score = sum / sum
-    (0.4 and 0.6 for t=4), not the mean of per-item ratios (0.52 for layer 0)."""
+    """Per answer index k, layer 0 carries weight 1 and layer 1 weight k: over all answer positions
+    score = sum / sum (0.4 and 0.6 for t=4), not the mean of per-item ratios (0.52 for layer 0). At the
+    answer-predicting position alone (k = 0) only layer 0 retrieves: 1 and 0."""
     model = HandBuilt([Retriever([1.0] * 4), Retriever([0.0, 1.0, 2.0, 3.0])], ["kda", "full_attention"])
     a, b = pairs(gaps=(3, 6), t=4)
-    rows = retrieval_scores(model, a, b).sort(["gap", "layer"])
+    rows = retrieval_scores(model, a, b, positions="all_answer").sort(["gap", "layer"])
     assert rows["score"].to_list() == pytest.approx([0.4, 0.6, 0.4, 0.6])
     assert rows["margin_clean"].to_list() == pytest.approx([2.5] * 4)  # mean over k of 1 + k
+    assert rows["items"].to_list() == [6 * 4] * 4 and set(rows["positions"]) == {"all_answer"}
+    rows = retrieval_scores(model, a, b).sort(["gap", "layer"])
+    assert rows["score"].to_list() == pytest.approx([1.0, 0.0, 1.0, 0.0])
+    assert rows["items"].to_list() == [6] * 4 and set(rows["positions"]) == {"answer_predicting"}
 
 
-def test_undefined_score_when_model_ignores_the_digits():
-    model = HandBuilt([Distractor(), Retriever(0.0)], ["kda", "full_attention"])
-    a, b = pairs(gaps=(4,))
-    rows = retrieval_scores(model, a, b)
-    assert all(math.isnan(s) for s in rows["score"].to_list())
-    assert rows["margin_clean"].to_list() == [0.0, 0.0]
+def test_default_patches_only_the_position_that_predicts_the_first_digit():
+    """That position is the last prompt position (the second `$`, t+g+1): labels start right after it.
+    Layer 0's output differs between A and B at every position from the second `$` on; "all_answer"
+    patches positions t+g+1 .. 2t+g."""
+    model = HandBuilt([Retriever(1.0), Retriever(1.0)], ["kda", "full_attention"])
+    a, b = pairs(n=2, gaps=(5,), t=3)
+    for positions, patched in (("answer_predicting", [9]), ("all_answer", [9, 10, 11])):
+        seen = []  # the residual stream entering layer 1, i.e. after layer 0's (possibly patched) output
+        hook = model.layers[1].self_attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+        rows = retrieval_scores(model, a, b, layers=[0], positions=positions)
+        hook.remove()
+        assert len(seen) == 3  # runs: B (captured), A clean, A with layer 0 patched
+        assert torch.nonzero((seen[1] != seen[2]).any(-1).any(0)).flatten().tolist() == patched
+        ret = slice(RET, RET + 10)  # layer 0's output channels hold B's output there (tokens stay A's)
+        assert torch.equal(seen[2][:, patched, ret], seen[0][:, patched, ret])
+        assert rows["items"].to_list() == [2 * len(patched)]
+    ex = sr.build_example(a.digits_NK[0], 5)
+    assert int(torch.nonzero(ex["labels"] != sr.IGNORE_INDEX)[0]) == 3 + 5 + 2
+
+
+def _constant_pairs():
+    """Digits repeat within an example, so the local token predicts the next answer digit (k >= 1)."""
+    a = sr.RetrievalRecords(np.array([[3, 3, 3], [0, 0, 0]], np.uint8), np.array([4, 4]))
+    b = sr.RetrievalRecords(np.array([[8, 8, 8], [5, 5, 5]], np.uint8), np.array([4, 4]))
+    return a, b
+
+
+def test_local_copier_that_retrieves_nothing_gets_no_score_by_default_but_full_score_over_all_answers():
+    """LocalCopy reads only its 4-token window. At the answer-predicting position (second `$`, preceded
+    by the gap's fill tokens) A and B look the same to it: patching moves nothing (margin_patched ==
+    margin_clean == margin_b == 0) and the score is undefined, as for any model that retrieves nothing.
+    Patching every answer position instead hands it B's teacher-forced answer copy: per example,
+    k = 0 gives margin 0 in every run, k = 1, 2 give +1 clean, -1 on B, -1 patched, so
+    score(layer 0) = (2 * 2 * 2) / (2 * 2 * 2) = 1 although layer 0 retrieves nothing."""
+    model = HandBuilt([LocalCopy(1.0), Distractor()], ["kda", "full_attention"])
+    a, b = _constant_pairs()
+    rows = retrieval_scores(model, a, b).sort("layer")
+    assert rows["margin_clean"].to_list() == [0.0, 0.0] and rows["margin_b"].to_list() == [0.0, 0.0]
+    assert rows["margin_patched"].to_list() == [0.0, 0.0]
+    assert all(math.isnan(x) for x in rows["score"].to_list())
+    old = retrieval_scores(model, a, b, positions="all_answer").sort("layer")
+    assert old["score"].to_list() == pytest.approx([1.0, 0.0])
+    assert old["margin_clean"].to_list() == pytest.approx([2 / 3] * 2)
+    assert old["margin_b"].to_list() == pytest.approx([-2 / 3] * 2)
+    assert old["margin_patched"].to_list() == pytest.approx([-2 / 3, 2 / 3])
+
+
+def test_local_copier_beside_a_retriever_scores_zero_by_default_hand_computed():
+    """LocalCopy (weight c = 1) in KDA layer 0, a Retriever (weight r = 2) in attention layer 1; one pair
+    A = 1 1 2, B = 4 4 5, gap 4. Answer-predicting position: m_clean = r, m_B = -r; patching layer 0
+    changes nothing (score 0), patching layer 1 gives -r (score 1). All answer positions (k = 0, 1, 2):
+    the copier adds +c to the clean margin at k = 1 (token 1 predicts 1) and -c to B's (token 4 predicts
+    4), nothing at k = 2 (1 vs 2 / 5; 4 vs 2 / 5). m_clean = 3r + c, m_B = -3r - c; patched layer 0:
+    r + (r - c) + r = 3r - c, patched layer 1: -3r + c. Scores 2c / (6r + 2c) = 1/7 and
+    6r / (6r + 2c) = 6/7: the local layer scores without retrieving anything."""
+    model = HandBuilt([LocalCopy(1.0), Retriever(2.0)], ["kda", "full_attention"])
+    a = sr.RetrievalRecords(np.array([[1, 1, 2]], np.uint8), np.array([4]))
+    b = sr.RetrievalRecords(np.array([[4, 4, 5]], np.uint8), np.array([4]))
+    rows = retrieval_scores(model, a, b).sort("layer")
+    assert rows["score"].to_list() == pytest.approx([0.0, 1.0], abs=1e-12)
+    assert rows["margin_clean"].to_list() == pytest.approx([2.0, 2.0])
+    assert rows["margin_patched"].to_list() == pytest.approx([2.0, -2.0])
+    assert rows["n"].to_list() == [1, 1] and rows["items"].to_list() == [1, 1]
+    old = retrieval_scores(model, a, b, positions="all_answer").sort("layer")
+    assert old["score"].to_list() == pytest.approx([1 / 7, 6 / 7])
+    assert old["margin_clean"].to_list() == pytest.approx([7 / 3] * 2)
+    assert old["margin_b"].to_list() == pytest.approx([-7 / 3] * 2)
+    assert old["margin_patched"].to_list() == pytest.approx([5 / 3, -5 / 3])
+    assert old["items"].to_list() == [3, 3]
+
+
+class LocalToken(nn.Module):
+    """A KDA-like local path: writes the current token's one-hot (digits and `$`) into the query
+    channels. It reads nothing but the current token, so it retrieves nothing."""
+
+    def forward(self, h_BTD):
+        out = torch.zeros_like(h_BTD)
+        out[..., QRY:QRY + 11] = h_BTD[..., :11]
+        return (out,)
+
+
+class Induction(nn.Module):
+    """An induction-style attention head: at each position from the second `$` on, it matches its query
+    (the query channels) against the tokens of the stored prompt `$ X1 .. X(t-1)` (positions 0..t-1)
+    and copies `weight` x the digit that follows each match into the retrieved-digit channels."""
+
+    def __init__(self, weight: float, t: int):
+        super().__init__()
+        self.weight, self.t = weight, t
+        self.ids = None
+
+    def forward(self, h_BTD):
+        out = torch.zeros_like(h_BTD)
+        for b in range(h_BTD.shape[0]):
+            d2 = int(torch.nonzero(self.ids[b] == sr.DOLLAR_ID)[1])
+            keys_JC, values_JV = h_BTD[b, :self.t, :11], h_BTD[b, 1:self.t + 1, :10]
+            match_PJ = h_BTD[b, d2:, QRY:QRY + 11] @ keys_JC.T
+            out[b, d2:, RET:RET + 10] = self.weight * match_PJ @ values_JV
+        return out, None
+
+
+def test_local_layer_feeding_an_induction_head_on_random_pairs():
+    """The mechanism the artefact needs in a trained model: KDA layer 0 passes the local token on (no
+    retrieval), attention layer 1 uses it as the query that finds where to copy from. At the
+    answer-predicting position the query is `$` in A and B alike: layer 0 scores exactly 0, layer 1
+    exactly 1. Patching every answer position feeds B's answer tokens in as queries, so the head stops
+    finding A's digits and layer 0 takes a large share although it retrieves nothing (~(t-1)/2t)."""
+    t = 4
+    model = HandBuilt([LocalToken(), Induction(1.0, t)], ["kda", "full_attention"])
+    a, b = pairs(n=64, gaps=(3, 9), t=t)
+    rows = retrieval_scores(model, a, b).sort(["gap", "layer"])
+    old = retrieval_scores(model, a, b, positions="all_answer").sort(["gap", "layer"])
+    assert rows["score"].to_list() == pytest.approx([0.0, 1.0, 0.0, 1.0], abs=1e-12)
+    local = old.filter(pl.col("layer") == 0)["score"].to_list()
+    assert all(0.2 < s < 0.6 for s in local), local
 
 
 class _Patched(nn.Module):
@@ -139,7 +273,7 @@ class _Patched(nn.Module):
         return (y, *out[1:])
 
 
-def _reference_scores(model, a, b):
+def _reference_scores(model, a, b, positions):
     """Naive: one example at a time, module swapped in place of self_attn, per-item margins summed."""
     layers = model.model.layers
     out = {}
@@ -150,6 +284,8 @@ def _reference_scores(model, a, b):
         for i in idx:
             ea, eb = sr.build_example(a.digits_NK[i], g), sr.build_example(b.digits_NK[i], g)
             pos, da, db = ea["answer_pos"], ea["answer_digits"], eb["answer_digits"]
+            if positions == "answer_predicting":  # the second `$`, t + g + 1
+                pos, da, db = torch.tensor([a.t + g + 1]), da[:1], db[:1]
 
             def margin(logits):
                 lk = logits[0, pos].double()
@@ -175,7 +311,8 @@ def _reference_scores(model, a, b):
     return out
 
 
-def test_matches_naive_reference_on_a_real_hybrid():
+@pytest.mark.parametrize("positions", ["answer_predicting", "all_answer"])
+def test_matches_naive_reference_on_a_real_hybrid(positions):
     cfg = srt.SRModelConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                             intermediate_size=32, mixer_overrides={"chunk_size": 8})
     model = srt.build_sr_model(cfg, seed=0).double().eval()  # fp64: batched vs one-by-one agree to ~1e-12
@@ -184,9 +321,9 @@ def test_matches_naive_reference_on_a_real_hybrid():
         model.lm_head.weight.mul_(20)
     a, b = pairs(n=6, gaps=(2, 7), t=3)
     with torch.no_grad():
-        ref = _reference_scores(model, a, b)
+        ref = _reference_scores(model, a, b, positions)
     model.train()  # retrieval_scores evaluates in eval mode and restores the caller's mode
-    rows = retrieval_scores(model, a, b, batch_size=2, min_denominator=1e-9)
+    rows = retrieval_scores(model, a, b, batch_size=2, min_denominator=1e-9, positions=positions)
     assert model.training
     assert rows["layer_type"].to_list()[:4] == ["kda", "full_attention", "kda", "full_attention"]
     assert rows.height == 8 and rows["score"].is_not_nan().sum() >= 4  # not a comparison of NaNs only
@@ -204,3 +341,5 @@ def test_input_errors():
         retrieval_scores(model, a, a)
     with pytest.raises(HybridlabError, match="out of range"):
         retrieval_scores(model, a, b, layers=[3])
+    with pytest.raises(HybridlabError, match="positions='every'.*answer_predicting"):
+        retrieval_scores(model, a, b, positions="every")

@@ -2,9 +2,10 @@
 
 For each arm directory (`--arms`), reads `score_checkpoints/index.json` (written by train_bld_sr.py),
 loads each checkpoint and scores every layer on A/B pairs built from the test split
-(`hybridlab.eval.retrieval_score`). Writes one tidy parquet with columns
-arm, step, fraction, long_gap_fraction, layer, layer_type, gap, score, n, margin_clean,
-margin_patched, margin_b.
+(`hybridlab.eval.retrieval_score`) at the positions of params `positions` ("answer_predicting",
+the study's definition and the default, or "all_answer"). Writes one tidy parquet with columns
+arm, step, fraction, long_gap_fraction, layer, layer_type, gap, positions, score, n, items,
+margin_clean, margin_patched, margin_b.
 """
 
 import json
@@ -47,7 +48,8 @@ def main() -> None:
         for ck in index["checkpoints"]:
             model = load_hybrid(arm_dir / ck["path"], device=device)
             rows = retrieval_scores(model, records_a, records_b, batch_size=params["batch_size"],
-                                    min_denominator=params["min_denominator"])
+                                    min_denominator=params["min_denominator"],
+                                    positions=params.get("positions", "answer_predicting"))
             frames.append(rows.with_columns(
                 pl.lit(index["arm"]).alias("arm"), pl.lit(ck["step"], pl.Int64).alias("step"),
                 pl.lit(ck["fraction"], pl.Float64).alias("fraction"),

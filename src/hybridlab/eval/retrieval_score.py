@@ -1,16 +1,28 @@
 """Layer Retrieval Ability Score: how much one layer's token mixer carries the retrieved digits.
 
 Activation patching on Spaced Retrieval (competing-learning / BLD study; the patching recipe follows
-causal tracing / activation patching, Meng et al. 2022, Wang et al. 2023). Definitions (this project's):
+causal tracing / activation patching, Meng et al. 2022, Wang et al. 2023). Definitions:
 
 - **Pair.** Inputs A and B from `spaced_retrieval.make_ab_pairs`: same gap, every digit different, so
   they differ only in the stored digits (and, consistently, in the teacher-forced answer copy).
-- **Positions.** The answer-predicting positions P = `answer_positions(t, g)`: p_k (k = 0..t-1)
-  predicts digit k.
-- **Margin.** For a run x and item (example, k): m_x = logit_x[p_k, a_k] - logit_x[p_k, b_k], with
-  a_k / b_k the k-th digit of A / B. m_clean: the clean run on A; m_B: the clean run on B (negative
-  when the model retrieves B's digit); m_patched(l): the run on A with layer l's token-mixer output
-  at ALL positions P replaced by its output on B.
+- **Positions** (``positions``), where the mixer output is patched and the margin is read:
+
+  - ``"answer_predicting"`` (default, the study's definition): the single last position of the prompt
+    ``$ X1..Xt _xg $``, i.e. the second ``$`` at t+g+1, the last non-masked position before the loss
+    starts; it predicts the first answer digit. Its input token (and every token within a short
+    convolution's reach, for g >= conv_size - 1) is identical in A and B, so a layer can move the
+    prediction there only through what it reads from the stored digits: a local path scores 0.
+  - ``"all_answer"`` (this project's earlier variant, kept for comparison): all t answer-predicting
+    positions p_k = t+g+1+k (k = 0..t-1, `answer_positions`). Their inputs for k >= 1 are the
+    teacher-forced answer copy, which differs between A and B, so B's patched outputs there carry B's
+    *local* answer tokens; a layer whose short convolution sees the current token (KDA layer 0) can
+    score without retrieving anything. More items per example, hence less noise, but it conflates
+    retrieval with local copying.
+- **Margin.** For a run x and item (example, k) at a chosen position p_k: m_x = logit_x[p_k, a_k] -
+  logit_x[p_k, b_k], with a_k / b_k the k-th digit of A / B (k = 0 only, by default). m_clean: the
+  clean run on A; m_B: the clean run on B (negative when the model retrieves B's digit);
+  m_patched(l): the run on A with layer l's token-mixer output at the chosen positions replaced by its
+  output on B (all other positions keep A's output).
 - **Token-mixer output.** What decoder layer l's attention or recurrent mixer adds to the residual
   stream (the module found by `hybridlab.eval.capture.find_mixer_sites`: `self_attn`, which is the
   `MixerAttention` wrapper in converted hybrids; the post-attention norm output for post-norm layers).
@@ -22,11 +34,13 @@ causal tracing / activation patching, Meng et al. 2022, Wang et al. 2023). Defin
   A ratio of sums rather than a mean of per-item ratios, so items on which the model barely
   separates A from B (a tiny per-item denominator) weigh little instead of exploding. When the mean
   denominator is below `min_denominator` the model does not distinguish A from B at all (e.g. before
-  it has learned the task) and the score is undefined: NaN (the row is kept, with its margins).
-  Scores are not clamped: > 1 (overshoot) or < 0 (patching strengthens A) are reported as they are.
+  it has learned the task, or a model that retrieves nothing) and the score is undefined: NaN (the row
+  is kept, with its margins). Scores are not clamped: > 1 (overshoot) or < 0 (patching strengthens A)
+  are reported as they are.
 
-Rows (`retrieval_scores`): layer, layer_type, gap, score, n (examples), margin_clean, margin_patched,
-margin_b (mean margins over the items), one per (gap, layer).
+Rows (`retrieval_scores`): layer, layer_type, gap, positions, score, n (examples), items (margins
+summed: n, or n x t for "all_answer"), margin_clean, margin_patched, margin_b (mean margins over the
+items), one per (gap, layer).
 """
 
 from __future__ import annotations
@@ -43,9 +57,10 @@ from hybridlab.data import spaced_retrieval as sr
 from hybridlab.errors import HybridlabError
 
 SCHEMA = {
-    "layer": pl.Int64, "layer_type": pl.Utf8, "gap": pl.Int64, "score": pl.Float64, "n": pl.Int64,
-    "margin_clean": pl.Float64, "margin_patched": pl.Float64, "margin_b": pl.Float64,
+    "layer": pl.Int64, "layer_type": pl.Utf8, "gap": pl.Int64, "positions": pl.Utf8, "score": pl.Float64,
+    "n": pl.Int64, "items": pl.Int64, "margin_clean": pl.Float64, "margin_patched": pl.Float64, "margin_b": pl.Float64,
 }
+POSITIONS = ("answer_predicting", "all_answer")
 
 
 @dataclass
@@ -91,8 +106,14 @@ def retrieval_scores(
     layers: Sequence[int] | None = None,
     batch_size: int = 32,
     min_denominator: float = 1e-3,
+    positions: str = "answer_predicting",
 ) -> pl.DataFrame:
-    """Per (gap, layer) Layer Retrieval Ability Scores of `model` on the pairs (A[i], B[i])."""
+    """Per (gap, layer) Layer Retrieval Ability Scores of `model` on the pairs (A[i], B[i]).
+
+    `positions`: "answer_predicting" (default; patch and read only the last prompt position, which
+    predicts the first answer digit) or "all_answer" (all t answer-predicting positions); see the
+    module docstring for why the default is the study's.
+    """
     from hybridlab.train.bld import layer_sites
 
     if len(records_a) != len(records_b) or not np.array_equal(records_a.gaps_N, records_b.gaps_N):
@@ -101,6 +122,8 @@ def retrieval_scores(
         raise HybridlabError("retrieval score: no examples; pass a non-empty split")
     if np.any(records_a.digits_NK == records_b.digits_NK):
         raise HybridlabError("retrieval score: some A/B digits coincide, so their margin is 0; use make_ab_pairs")
+    if positions not in POSITIONS:
+        raise HybridlabError(f"retrieval score: positions={positions!r} is unknown; use one of {POSITIONS}")
     if batch_size < 1 or not min_denominator > 0:
         raise HybridlabError(f"retrieval score: batch_size={batch_size} must be >= 1, min_denominator > 0")
     sites = layer_sites(model)
@@ -139,6 +162,8 @@ def retrieval_scores(
                 ba, bb = sr.make_batch(records_a, sel), sr.make_batch(records_b, sel)
                 pos_BK = ba["answer_pos"].to(device)
                 a_BK, b_BK = ba["answer_digits"].to(device), bb["answer_digits"].to(device)
+                if positions == "answer_predicting":  # the second `$` (t+g+1): predicts the first digit
+                    pos_BK, a_BK, b_BK = pos_BK[:, :1], a_BK[:, :1], b_BK[:, :1]
                 state["pos"] = pos_BK
 
                 def run(batch):
@@ -168,9 +193,9 @@ def retrieval_scores(
         for layer in chosen:
             num = (acc.clean - acc.patched[layer]) / acc.items
             rows.append({
-                "layer": layer, "layer_type": sites[layer].kind, "gap": g,
+                "layer": layer, "layer_type": sites[layer].kind, "gap": g, "positions": positions,
                 "score": num / denom if denom >= min_denominator else float("nan"),
-                "n": acc.n, "margin_clean": acc.clean / acc.items,
+                "n": acc.n, "items": acc.items, "margin_clean": acc.clean / acc.items,
                 "margin_patched": acc.patched[layer] / acc.items, "margin_b": acc.b / acc.items,
             })
     return pl.DataFrame(rows, schema=SCHEMA)
