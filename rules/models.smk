@@ -62,7 +62,8 @@ rule convert:
         mixer="gdn|kda|gla",
     params:
         cfg=lambda wc: as_json({"placement": wc.placement, "mixer": wc.mixer,
-                                "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": C["seed"]}),
+                                "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": C["seed"],
+                                "conv_init": C["experiments"]["distill"].get("conv_init", "random")}),
         teacher=lambda wc: teacher_dir(wc.teacher),
         out=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
     log:

@@ -289,3 +289,59 @@ def test_seeded_initialisation():
     assert all(torch.equal(a[k], b[k]) for k in a)
     new = [k for k in a if ".mixer." in k and not k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))]
     assert new and any(not torch.equal(a[k], c[k]) for k in new)
+
+
+def test_identity_conv_init_is_exactly_the_identity_before_silu():
+    """conv_init="identity": each q/k/v short conv returns its input exactly (kernel (0, 0, 0, 1) with
+    causal left padding), so the mixer's q/k/v are silu(teacher projections); prefill + cached steps
+    and padded rows too. The default stays fla's random kernel."""
+    import torch.nn.functional as F
+
+    from hybridlab.models.mixers import MixerConfig, build_mixer
+
+    teacher = _teacher("qwen3")
+    ident = convert_to_hybrid(teacher, [1], "kda", seed=5, conv_init="identity")
+    rand = convert_to_hybrid(teacher, [1], "kda", seed=5)
+    assert hybrid_spec(ident).mixer_config["conv_init"] == "identity"
+    assert hybrid_spec(rand).mixer_config["conv_init"] == "random"
+    x = torch.randn(2, 7, HIDDEN, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1.0] * 7, [0.0, 0.0] + [1.0] * 5])  # second row left-padded
+    for idx in (0, 2):
+        mixer = ident.model.layers[idx].self_attn.mixer
+        for name in ("q", "k", "v"):
+            conv = getattr(mixer, f"{name}_conv1d")
+            assert torch.equal(conv.weight[..., :-1], torch.zeros_like(conv.weight[..., :-1]))
+            assert torch.equal(conv.weight[..., -1], torch.ones_like(conv.weight[..., -1]))
+            proj = getattr(mixer, f"{name}_proj")(x)
+            y, _ = conv(proj, None, None)
+            assert torch.equal(y, F.silu(proj))
+            y, _ = conv(proj, None, mask)
+            assert torch.equal(y, F.silu(proj * mask[..., None]))
+            y1, cache = conv(proj[:, :4], None, None)  # decoding continues from the conv state
+            y2, _ = conv(proj[:, 4:], cache, None)
+            assert torch.equal(torch.cat([y1, y2], 1), F.silu(proj))
+        assert not torch.equal(rand.model.layers[idx].self_attn.mixer.q_conv1d.weight, mixer.q_conv1d.weight)
+    # same parameter names (fla's) and shapes; every other parameter initialised identically (same RNG draws)
+    a, b = ident.state_dict(), rand.state_dict()
+    assert list(a) == list(b) and all(a[k].shape == b[k].shape for k in a)
+    convs = [k for k in a if "_conv1d." in k]
+    assert convs and all(k.endswith(("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")) for k in convs)
+    assert all(torch.equal(a[k], b[k]) for k in a if k not in convs)
+    # the same through mixer_overrides, and a standalone mixer
+    over = convert_to_hybrid(teacher, [1], "kda", seed=5, mixer_overrides={"conv_init": "identity"}).state_dict()
+    assert all(torch.equal(a[k], over[k]) for k in a)
+    gdn = build_mixer(MixerConfig("gdn", 16, 2, 8, 8, conv_init="identity"), 0)
+    assert torch.equal(gdn.v_conv1d.weight[..., -1], torch.ones(16, 1))
+
+
+def test_identity_conv_init_survives_save_load_and_bad_values(tmp_path):
+    teacher = _teacher("qwen3")
+    hybrid = convert_to_hybrid(teacher, [0], "gdn", conv_init="identity")
+    loaded = load_hybrid(save_hybrid(hybrid, tmp_path / "h"))
+    assert hybrid_spec(loaded).mixer_config["conv_init"] == "identity"
+    ids = _ids(2, 9)
+    assert torch.equal(loaded(ids).logits, hybrid.eval()(ids).logits)
+    with pytest.raises(HybridlabError, match="conv_init='zeros' is unknown"):
+        convert_to_hybrid(teacher, [0], "gdn", conv_init="zeros")
+    with pytest.raises(HybridlabError, match="give it once"):
+        convert_to_hybrid(teacher, [0], "gdn", conv_init="identity", mixer_overrides={"conv_init": "random"})

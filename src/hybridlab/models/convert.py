@@ -12,6 +12,16 @@ teacher attention's projections:
 - everything else in the mixer (gates, beta, short convs, output norm) keeps the mixer's own
   (fla-style) initialisation, drawn from ``torch.manual_seed(seed)`` in a forked RNG.
 
+Short convolutions (``conv_init``): the inherited q/k/v pass through the mixer's depthwise causal short
+convolution and then SiLU before the recurrence. With ``conv_init="random"`` (default; fla's and
+RADLADS-style conversions' choice, kept so results stay comparable) the kernel is ``nn.Conv1d``'s random
+init, so even the pre-SiLU features mix each token with its 3 predecessors and the converted layer does
+not start from the teacher's per-token q/k/v. ``conv_init="identity"`` sets each channel's kernel to
+(0, ..., 0, 1): conv(x)_t = x_t exactly, so q/k/v start as the teacher's projections (SiLU still
+follows; it is part of the mixer's feature map and is not removed). The option is the MixerConfig
+field ``conv_init`` (recorded in hybrid.json); it draws the same random numbers either way, so every
+other new parameter is initialised identically, and parameter names stay fla's.
+
 q_norm / k_norm (Qwen3: RMSNorm over head_dim; OLMo-3: RMSNorm over the whole projection): GDN and KDA
 L2-normalise q and k per head, and ``l2norm(w * x / rms(x)) = l2norm(w * x)`` whatever the RMS is
 taken over, so the norm's only lasting effect on a head's direction is its per-channel gain ``w``.
@@ -306,12 +316,15 @@ def convert_to_hybrid(
     mixer_overrides: dict | None = None,
     seed: int = 0,
     qk_norm: str = "fold",
+    conv_init: str | None = None,
     inplace: bool = False,
 ):
     """A hybrid of `model` with full attention kept at `fa_layers` and `mixer_kind` mixers elsewhere.
 
     The teacher is left untouched unless `inplace`. Returns the (copied) transformers model with
     ``hybridlab_spec`` set; its mixers inherit q/k/v/o as described in the module docstring.
+    `conv_init` ("random" | "identity"; None = MixerConfig's default "random") initialises the q/k/v
+    short convolutions; it is the same as ``mixer_overrides={"conv_init": ...}``.
     """
     from hybridlab.models.placements import fa_layers as resolve_fa_layers
 
@@ -321,6 +334,11 @@ def convert_to_hybrid(
         raise HybridlabError("model is already a hybrid; convert the dense teacher instead")
     _, teacher_layers = _decoder_layers(model)
     fa = resolve_fa_layers("explicit", len(teacher_layers), indices=fa_layers)
+    if conv_init is not None:
+        given = (mixer_overrides or {}).get("conv_init", conv_init)
+        if given != conv_init:
+            raise HybridlabError(f"conv_init={conv_init!r} but mixer_overrides has conv_init={given!r}; give it once")
+        mixer_overrides = {**(mixer_overrides or {}), "conv_init": conv_init}
     mixer_cfg = teacher_mixer_config(model, mixer_kind, mixer_overrides)
     config = model.config.get_text_config(decoder=True)
     if config.num_attention_heads % config.num_key_value_heads:

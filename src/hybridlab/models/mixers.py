@@ -9,6 +9,10 @@ in names, shapes, formulas and initialisation, so state dicts are interchangeabl
 - all kinds: ``q_conv1d / k_conv1d / v_conv1d`` depthwise causal short convolutions with SiLU
   (weight ``[D, 1, conv_size]``, no bias) when ``use_short_conv``; without them GDN and KDA apply SiLU
   to q, k, v (as fla does) and GLA uses the raw projections.
+  ``conv_init``: ``"random"`` (default) keeps ``nn.Conv1d``'s (fla's) random kernel; ``"identity"``
+  sets every channel's kernel to (0, ..., 0, 1), so with causal left padding conv(x)_t = x_t exactly
+  (SiLU still follows). The random kernel is drawn either way, so the option changes no other
+  parameter's initialisation; parameter names and shapes are the same.
 - **gdn**: ``a_proj`` / ``b_proj`` (hidden -> H), ``A_log`` and ``dt_bias`` ``[H]``; decay
   ``g = -exp(A_log) * softplus(a_proj(x) + dt_bias)``, ``beta = sigmoid(b_proj(x))``, q/k L2-normalised;
   output ``o_norm`` = RMSNorm gated by ``swish(g_proj(x))``.
@@ -41,6 +45,7 @@ from hybridlab.errors import HybridlabError
 from hybridlab.models import ops
 
 MIXER_KINDS = ("gdn", "kda", "gla")
+CONV_INITS = ("random", "identity")
 RECURRENT_MAX_LEN = 16  # without autograd, inputs up to this length use the token-by-token op (as fla does)
 GLA_GATE_LOW_RANK = 16
 GLA_GATE_LOGIT_NORMALIZER = 16
@@ -59,6 +64,7 @@ class MixerConfig:
     o_bias: bool = False
     norm_eps: float = 1e-6
     chunk_size: int = 64
+    conv_init: str = "random"  # "random" | "identity" (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.kind not in MIXER_KINDS:
@@ -69,6 +75,8 @@ class MixerConfig:
                 raise HybridlabError(f"MixerConfig.{name} must be a positive int, got {value!r}")
         if not self.norm_eps > 0:
             raise HybridlabError(f"MixerConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        if self.conv_init not in CONV_INITS:
+            raise HybridlabError(f"MixerConfig.conv_init={self.conv_init!r} is unknown; use one of {CONV_INITS}")
 
 
 @dataclass
@@ -84,6 +92,12 @@ class ShortConvolution(nn.Conv1d):
 
     def __init__(self, hidden_size: int, kernel_size: int):
         super().__init__(hidden_size, hidden_size, kernel_size, groups=hidden_size, bias=False)
+
+    @torch.no_grad()
+    def init_identity(self) -> None:
+        """Kernel (0, ..., 0, 1) per channel: the convolution (before SiLU) returns its input."""
+        self.weight.zero_()
+        self.weight[..., -1] = 1.0
 
     def forward(self, x_BTD: Tensor, cache_BWD: Tensor | None, mask_BT: Tensor | None) -> tuple[Tensor, Tensor]:
         B, T, D = x_BTD.shape
@@ -154,6 +168,9 @@ class RecurrentMixer(nn.Module, ABC):
             self.q_conv1d = ShortConvolution(self.key_dim, cfg.conv_size)
             self.k_conv1d = ShortConvolution(self.key_dim, cfg.conv_size)
             self.v_conv1d = ShortConvolution(self.value_dim, cfg.conv_size)
+            if cfg.conv_init == "identity":  # after the random draw: the RNG stream is the same
+                for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
+                    conv.init_identity()
         self.o_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     @abstractmethod
