@@ -8,6 +8,10 @@ from hybridlab.errors import HybridlabError
 from hybridlab.eval.perplexity import token_nll
 from hybridlab.eval.position_loss import (
     bucket_edges,
+    document_windows,
+    key_tokens,
+    kjv_books,
+    long_documents,
     key_token_mask,
     long_ppl,
     loss_by_position,
@@ -52,8 +56,8 @@ def test_key_tokens_and_long_ppl_hand_computed():
     assert long_ppl(long, torch.zeros(4, dtype=torch.bool)) is None
 
 
-def _qwen3():
-    torch.manual_seed(0)
+def _qwen3(seed=0):
+    torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, intermediate_size=64)
     return Qwen3ForCausalLM(cfg).eval()
@@ -88,15 +92,69 @@ def test_short_window_nll_matches_per_target_forward(stride):
 def test_run_position_loss_end_to_end():
     model = _qwen3()
     docs = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
-    res = run_position_loss(model, docs, short_window=4, batch_size=2, threshold=0.05)
+    res = run_position_loss(model, docs, short_window=4, batch_size=2, threshold=0.05)  # self-identified variant
     assert res.buckets["n_tokens"].sum() == 3 * 19 == res.n_tokens
     with torch.no_grad():
         full = token_nll(model(input_ids=docs).logits, docs)
     torch.testing.assert_close(res.long_nll, full, atol=1e-5, rtol=1e-5)
     assert res.ppl == pytest.approx(math.exp(float(full.double().mean())), rel=1e-5)
-    torch.testing.assert_close(res.short_nll[:, :4], res.long_nll[:, :4], atol=1e-5, rtol=1e-5)  # t <= w
-    key = (res.short_nll - res.long_nll) > 0.05
+    kt = key_tokens(model, docs, short_window=4, batch_size=2, threshold=0.05)
+    torch.testing.assert_close(kt.short_nll[:, :4], kt.long_nll[:, :4], atol=1e-5, rtol=1e-5)  # t <= w
+    key = (kt.short_nll - kt.long_nll) > 0.05
+    assert torch.equal(res.key_mask, key) and torch.equal(kt.mask, key)
     assert res.n_key_tokens == int(key.sum()) > 0
     assert res.long_ppl == pytest.approx(math.exp(float(res.long_nll[key].double().mean())), rel=1e-6)
     with pytest.raises(HybridlabError, match="shorter than the documents"):
         run_position_loss(model, docs, short_window=19)
+    with pytest.raises(HybridlabError, match="key mask has shape"):
+        run_position_loss(model, docs, short_window=4, key_mask=key[:, :5])
+
+
+def test_one_evaluator_gives_every_model_the_same_key_tokens():
+    evaluator, a, b = _qwen3(seed=10), _qwen3(seed=11), _qwen3(seed=12)
+    docs = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(3))
+    kw = dict(short_window=4, batch_size=2, threshold=0.05)
+    kt = key_tokens(evaluator, docs, **kw)
+    ra = run_position_loss(a, docs, key_mask=kt, **kw)
+    rb = run_position_loss(b, docs, key_mask=kt, **kw)
+    rb2 = run_position_loss(b, docs, evaluator=evaluator, **kw)
+    assert kt.n_key_tokens > 0
+    assert torch.equal(ra.key_mask, kt.mask) and torch.equal(rb.key_mask, kt.mask) and torch.equal(rb2.key_mask, kt.mask)
+    assert ra.n_key_tokens == rb.n_key_tokens == kt.n_key_tokens
+    # each is still scored with its OWN long-context loss on those tokens ...
+    assert rb.long_ppl == pytest.approx(math.exp(float(rb.long_nll[kt.mask].double().mean())), rel=1e-6)
+    assert ra.long_ppl != rb.long_ppl
+    # ... whereas self-identified key tokens differ between the two models (the old behaviour)
+    own_a = run_position_loss(a, docs, **kw).key_mask
+    own_b = run_position_loss(b, docs, **kw).key_mask
+    assert not torch.equal(own_a, own_b)
+
+
+def test_document_windows_stay_inside_documents_hand_computed():
+    # documents of 7, 2, 10 and 4 tokens (ids encode document * 100 + position), windows of 3 tokens:
+    # doc 0 -> starts 0, 3; doc 1 -> none (shorter); doc 2 -> 0, 3, 6; doc 3 -> 0
+    docs = [[100 * d + t for t in range(n)] for d, n in enumerate([7, 2, 10, 4])]
+    w, n_short = document_windows(docs, 3, 10)
+    assert n_short == 1
+    # breadth-first: every first window, then every second window, ...
+    starts = [(0, 0), (2, 0), (3, 0), (0, 3), (2, 3), (2, 6)]
+    assert w.tolist() == [[100 * d + s + i for i in range(3)] for d, s in starts]
+    assert all(len({x // 100 for x in row}) == 1 for row in w.tolist())  # never across a boundary
+    w4, _ = document_windows(docs, 3, 4)
+    assert w4.tolist() == w.tolist()[:4]
+    with pytest.raises(HybridlabError, match="no document has 11 tokens"):
+        document_windows(docs, 11, 4)
+    # consecutive windows of the joined stream (the old paper-preset path) cross boundaries: the stream's
+    # third 3-token window holds the last token of document 0 and both tokens of document 1
+    stream = [x for d in docs for x in d]
+    assert len({x // 100 for x in stream[6:9]}) == 2
+
+
+def test_kjv_books_are_the_66_books_in_order():
+    books = kjv_books()
+    assert len(books) == 66
+    assert books[0][0] == "Genesis" and books[-1][0] == "Revelation"
+    assert books[0][1].startswith("In the beginning God created the heaven and the earth.")
+    assert long_documents("kjv_books", n_docs=4) == books
+    with pytest.raises(HybridlabError, match="unknown position_loss.documents"):
+        long_documents("books3", n_docs=4)

