@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hybridlab-installed
 
-.PHONY: setup all report test data clean-venv
+.PHONY: setup all report test data rehearsal clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ report: setup
 
 data: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake data --config scale=$(SCALE)
+
+# The paper preset's code paths on CPU at miniature size: local hub copies + random hub-architecture models
+# (cache/rehearsal, built from the smoke offline corpus), torchrun with 2 CPU processes, bf16, lm-eval.
+rehearsal: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake results/data/smoke/corpus/parallel.parquet --config scale=smoke
+	$(BIN)/python workflow_scripts/make_rehearsal_inputs.py --corpus results/data/smoke/corpus --out cache/rehearsal
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake all --config scale=rehearsal
 
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" python -m pytest -q

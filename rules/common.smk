@@ -23,6 +23,10 @@ CONFIG_HASH = config_hash(C)
 DATA = C["data"]
 OFFLINE = DATA["source"] == "offline"
 ON_GPU = SCALE == "paper"
+# The paper preset's code paths (hub data and models, multi-process training, lm-eval). The rehearsal
+# preset runs them on CPU at miniature size: only numbers and paths differ.
+PAPER_PATH = SCALE in ("paper", "rehearsal")
+REHEARSAL_PROCESSES = 2  # CPU processes (gloo) a multi-GPU rule gets at the rehearsal preset
 PY = "python"
 # Downloaded registry packages (offline corpus) live outside results/ and are reused across presets.
 CACHE_DIR = os.environ.get("HYBRIDLAB_CACHE", "cache")
@@ -88,11 +92,16 @@ CUDA_ENV = "../envs/cuda.yaml" if ON_GPU else "../envs/cpu.yaml"
 NOT_READY = f"{PY} workflow_scripts/not_ready.py"
 
 
-def launcher(n_gpu):
-    """How a training script starts: plain python on CPU or one GPU, torchrun for several (FSDP2)."""
+def launcher(n_gpu, at_least=1):
+    """How a training script starts: plain python on CPU or one GPU, torchrun for several (FSDP2).
+
+    At the rehearsal preset a rule that runs on several GPUs at paper (`at_least` > 1) runs on
+    REHEARSAL_PROCESSES CPU processes, so the multi-process path is exercised without a GPU.
+    """
     from hybridlab.train.launch import launch_prefix
 
-    return launch_prefix(max(1, n_gpu), python=PY)
+    n = REHEARSAL_PROCESSES if SCALE == "rehearsal" and at_least > 1 else max(1, n_gpu)
+    return launch_prefix(n, python=PY)
 
 
 # On CPU each training job gets one thread and Snakemake runs jobs side by side: measured on 2 cores,

@@ -213,7 +213,7 @@ def heads_position_params(section):
         print(f"error: config: presets.{SCALE}.eval.heads_position.{section} is missing", file=sys.stderr)
         sys.exit(1)
     return as_json({section: hp[section], "seed": C["seed"], "device": "cuda" if ON_GPU else "cpu",
-                    "dtype": "bfloat16" if ON_GPU else "float32"})
+                    "dtype": "bfloat16" if PAPER_PATH else "float32"})
 
 
 def bld_nl_dirs():
@@ -257,6 +257,7 @@ rule eval_position_loss:
     input:
         models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
         mixture=mixture_files(BLD_NL_TOK, "english"),
+        tokenizer=tokenizer_file(BLD_NL_TOK),
     output:
         buckets=R("eval", "position_loss.parquet"),
         summary=R("eval", "position_loss_summary.parquet"),
@@ -264,6 +265,8 @@ rule eval_position_loss:
         cfg=heads_position_params("position_loss"),
         models=bld_nl_dirs(),
         mixture=mixture_dir(BLD_NL_TOK, "english"),
+        tokdir=tokenizer_dir(BLD_NL_TOK),
+        pg19_local=local_sources(C)["pg19"] or "",  # documents: pg19 (null: the hub or the HF cache)
     log:
         LOG("eval", "position_loss"),
     benchmark:
@@ -277,15 +280,15 @@ rule eval_position_loss:
         CUDA_ENV
     shell:
         "{PY} workflow_scripts/eval_position_loss.py --params {params.cfg:q} --models {params.models} "
-        "--mixture {params.mixture} --out {output.buckets} --summary {output.summary} --threads {threads} "
-        "> {log} 2>&1"
+        "--mixture {params.mixture} --tokenizer {params.tokdir} --pg19-local {params.pg19_local:q} "
+        "--out {output.buckets} --summary {output.summary} --threads {threads} > {log} 2>&1"
 
 
-# Paper preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
-LM_BENCHMARK_MODELS = ([teacher_dir(t) for t in TEACHERS] + distilled_students() + bld_nl_dirs()) if ON_GPU else []
+# Paper (and rehearsal) preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
+LM_BENCHMARK_MODELS = ([teacher_dir(t) for t in TEACHERS] + distilled_students() + bld_nl_dirs()) if PAPER_PATH else []
 # Each model's own tokenizer: a teacher's (saved next to it) for the teacher and its students, BLD-NL's for its arms.
 LM_BENCHMARK_TOKENIZERS = ([teacher_dir(t) for t in TEACHERS] + [teacher_dir(t) for t, p, m in STUDENTS]
-                           + [tokenizer_dir(BLD_NL_TOK)] * len(bld_nl_dirs())) if ON_GPU else []
+                           + [tokenizer_dir(BLD_NL_TOK)] * len(bld_nl_dirs())) if PAPER_PATH else []
 
 
 rule eval_lm_benchmarks:
@@ -318,4 +321,4 @@ rule eval:
     """Phase target: every analysis table."""
     input:
         [R("eval", f"{name}.parquet") for name in EVAL_TABLES],
-        [R("eval", "lm_benchmarks.parquet")] if ON_GPU else [],
+        [R("eval", "lm_benchmarks.parquet")] if PAPER_PATH else [],

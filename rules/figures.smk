@@ -36,7 +36,7 @@ TABLES = {
     "table_softcka_first_fa": {"softcka": _EV("softcka")},
     "table_bld_nl": {**_NL_RUNS, "position_loss_summary": _EV("position_loss_summary")},
 }
-if ON_GPU:  # lm-eval runs at the paper preset only (rules/eval.smk)
+if PAPER_PATH:  # lm-eval runs at the paper and rehearsal presets only (rules/eval.smk)
     TABLES["table_lm_benchmarks"] = {"lm_benchmarks": _EV("lm_benchmarks")}
 
 # The Snakemake report (`snakemake --report`): every figure and table with the caption from

@@ -94,7 +94,7 @@ rule distill_stage1:
         mixer="gdn|kda|gla",
     params:
         cfg=distill_params(1),
-        launch=launcher(gpus("distill_stage1", 4)),
+        launch=launcher(gpus("distill_stage1", 4), at_least=4),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
@@ -129,7 +129,7 @@ rule distill_stage2:
         mixer="gdn|kda|gla",
     params:
         cfg=distill_params(2),
-        launch=launcher(gpus("distill_stage2", 4)),
+        launch=launcher(gpus("distill_stage2", 4), at_least=4),
         teacher=lambda wc: teacher_dir(wc.teacher),
         student=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
@@ -195,7 +195,7 @@ rule bld_nl:
         arm="|".join(BLD_NL_ARMS),
     params:
         cfg=lambda wc: bld_nl_params(wc.arm),
-        launch=launcher(gpus("bld_nl", 4)),
+        launch=launcher(gpus("bld_nl", 4), at_least=4),
         mixture=mixture_dir(BLD_NL_TOK, "english"),
         tokdir=tokenizer_dir(BLD_NL_TOK),
         work=lambda wc: R("train", f"runs/bld_nl/{wc.arm}"),

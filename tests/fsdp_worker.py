@@ -34,6 +34,12 @@ def qwen(seed=0, layers=2):
     return Qwen3ForCausalLM(cfg)
 
 
+def _eval(model, step):
+    """A forward under no_grad through the sharded model (as the held-out curves do)."""
+    ids = torch.arange(T).reshape(1, T) % V
+    return {"mean_logit": model(input_ids=ids).logits.float().mean()}
+
+
 def run(scenario, out, kill_at):
     g = torch.Generator().manual_seed(1)
     data = [torch.randint(0, V, (T + 1,), generator=g) for _ in range(24)]
@@ -62,7 +68,8 @@ def run(scenario, out, kill_at):
             if step == kill_at:
                 raise Kill(f"killed before update {step}")
         hooks.append(killer)
-    train(model, task, data, TrainConfig(**base), on_step_start=hooks)
+    base.update(eval_every=2)  # evaluation between updates runs through the FSDP root too
+    train(model, task, data, TrainConfig(**base), on_step_start=hooks, eval_fn=_eval)
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
 

@@ -121,3 +121,21 @@ def test_kill_and_rerun_continues_and_resumes_at_another_world_size(runs, tmp_pa
         assert max_diff(final(d), final(full)) < 1e-5
     assert torch.equal(torch.cat([v.flatten() for v in final(killed).values()]),
                        torch.cat([v.flatten() for v in final(full).values()]))  # same world size: bitwise
+
+
+def test_sharded_muon_is_torch_muon_on_plain_tensors():
+    from hybridlab.train.optim import ShardedMuon
+
+    torch.manual_seed(0)
+    w0 = torch.randn(12, 20)
+    grads = [torch.randn(12, 20) for _ in range(3)]
+    out = []
+    for cls in (torch.optim.Muon, ShardedMuon):
+        w = torch.nn.Parameter(w0.clone())
+        opt = cls([w], lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw")
+        for g in grads:
+            w.grad = g.clone()
+            opt.step()
+        out.append(w.detach().clone())
+    assert not torch.equal(out[0], w0)
+    assert torch.equal(out[0], out[1])

@@ -36,16 +36,27 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("scale", ["smoke", "tiny", "paper"])
+@pytest.mark.parametrize("scale", ["smoke", "tiny", "paper", "rehearsal"])
 def test_dry_run_lists_every_phase(scale):
     proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = _job_counts(proc.stdout)
     for phase, rules in PHASE_RULES.items():
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
-    n_students = len(["p"] * 5) * (2 if scale == "paper" else 1)  # 5 placements x teachers x 1 mixer
+    n_students = len(["p"] * 5) * (2 if scale in ("paper", "rehearsal") else 1)  # 5 placements x teachers x 1 mixer
     assert counts["convert"] == n_students
     assert counts["figure"] >= 8 and counts["table"] >= 1
+
+
+def test_rehearsal_builds_the_same_rules_as_paper():
+    """The rehearsal preset's point: the paper preset's code paths, so the same rules (counts may differ)."""
+    rules = {}
+    for scale in ("paper", "rehearsal"):
+        proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rules[scale] = set(_job_counts(proc.stdout))
+    assert rules["paper"] == rules["rehearsal"]
+    assert "eval_lm_benchmarks" in rules["rehearsal"]
 
 
 @pytest.mark.slow

@@ -26,6 +26,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def is_main() -> bool:
+    """Rank 0 under torchrun (or the only process): the one that publishes outputs."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def load_params(text: str) -> dict:
     try:
         params = json.loads(text)

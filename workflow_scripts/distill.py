@@ -61,7 +61,7 @@ def main() -> None:
     # The loop picks the same device per rank; only rank 0 evaluates the start point and writes outputs.
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     is_main = int(os.environ.get("RANK", "0")) == 0
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if cfg.resolved_precision(device.type) == "bf16" else torch.float32  # the teacher's
     teacher = distill.freeze(load_causal_lm(args.teacher, dtype=dtype)).to(device)
     student = load_hybrid(args.student, dtype=torch.float32, device=device)
     # Before any update: the mixture is in this teacher's tokens (ids fit both embeddings) and holds the budget.

@@ -60,6 +60,8 @@ def main() -> None:
                                       device=next(model.parameters()).device)
 
     result = train(model, CausalLMTask(), train_set, cfg, eval_fn=eval_fn, restart=args.restart)
+    if not _common.is_main():  # every rank holds the trained weights; rank 0 publishes
+        return
     final = eval_fn(model.eval(), result.step)
     baseline = unigram_entropy(np.asarray(train_set.tokens), len(tok))
 

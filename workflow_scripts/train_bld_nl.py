@@ -76,6 +76,8 @@ def main() -> None:
 
     result = train(model, CausalLMTask(), train_set, cfg, on_step_start=plan.schedules, eval_fn=eval_fn,
                    grad_norm_groups=groups, restart=args.restart)
+    if not _common.is_main():  # every rank holds the trained weights; rank 0 publishes
+        return
     final = eval_fn(model.eval(), result.step)
 
     out = Path(args.out)

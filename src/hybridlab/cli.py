@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from hybridlab.config import SCALES
 from hybridlab.errors import HybridlabError
 
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("config", help="validate config.yaml and print the resolved preset")
     c.add_argument("--configfile", default="config.yaml")
-    c.add_argument("--scale", choices=["smoke", "tiny", "paper"])
+    c.add_argument("--scale", choices=list(SCALES))
     c.set_defaults(func=_cmd_config)
 
     pl = sub.add_parser("placements", help="print the full-attention layers of a placement")
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     csub = ca.add_subparsers(dest="cache_command", required=True)
     cp = csub.add_parser("pull", help="dvc pull the cached phases of TARGETS and mark them complete for Snakemake")
     cp.add_argument("targets", nargs="*", default=["all"], help="Snakemake targets (default: all)")
-    cp.add_argument("--scale", choices=["smoke", "tiny", "paper"], help="must equal config.yaml's scale")
+    cp.add_argument("--scale", choices=list(SCALES), help="must equal config.yaml's scale")
     cp.add_argument("-r", "--remote", help="DVC remote (default: the repository's default remote)")
     cp.add_argument("-j", "--jobs", type=int, help="parallel DVC downloads")
     cp.add_argument("-f", "--force", action="store_true", help="overwrite local changes to pulled outputs")
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pn = sub.add_parser("plan", help="estimated peak GPU memory per rank of every job, and the GPUs it needs")
     pn.add_argument("--configfile", default="config.yaml")
-    pn.add_argument("--scale", choices=["smoke", "tiny", "paper"])
+    pn.add_argument("--scale", choices=list(SCALES))
     pn.add_argument("--gpu-mem-gb", type=_plan_number(float), default=80.0, help="memory of one GPU (default 80)")
     pn.add_argument("--gpus", type=_plan_number(int), help="give the verdict for this many GPUs per job")
     pn.add_argument("--json", action="store_true", help="machine-readable output")

@@ -26,7 +26,7 @@ import yaml
 
 from hybridlab.errors import HybridlabError
 
-SCALES = ("smoke", "tiny", "paper")
+SCALES = ("smoke", "tiny", "paper", "rehearsal")
 
 
 def _schema() -> dict:

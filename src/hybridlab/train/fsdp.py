@@ -104,7 +104,13 @@ class Engine:
         """`fn(model, *args)`: through the FSDP root when sharded, so every parameter is gathered for it."""
         if self._root is None:
             return fn(self.model, *args)
-        return self._root(fn, *args)
+        out = self._root(fn, *args)
+        if not torch.is_grad_enabled():
+            # FSDP keeps the root's parameters gathered after its forward for the backward that usually
+            # follows; with none coming (evaluation) they must be resharded, or the module would expose
+            # the gathered copies instead of the shards the optimiser and checkpoints hold.
+            self._root.reshard()
+        return out
 
     def loss_scale(self, grad_accum: int) -> float:
         """Factor for each micro-batch loss so the reduced gradient is the global-batch mean."""

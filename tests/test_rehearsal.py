@@ -1,0 +1,58 @@
+"""The rehearsal preset end to end: the paper preset's code paths on CPU at miniature size.
+
+In the session's smoke repository (whose data phase gives the offline corpus): build the local hub
+copies and random hub-architecture models, run `snakemake all --config scale=rehearsal`, and check
+what only the paper path produces: hub-loader data, two teachers with their own tokenizers, 2-process
+FSDP2 training with DCP shards, the published-pair analyses, and lm-eval on the local task.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from conftest import run_snakemake
+
+
+@pytest.fixture(scope="module")
+def rehearsal(smoke_workdir):
+    work = smoke_workdir
+    corpus = work / "results" / "data" / "smoke" / "corpus"
+    subprocess.run([sys.executable, "workflow_scripts/make_rehearsal_inputs.py", "--corpus", str(corpus),
+                    "--out", "cache/rehearsal"], cwd=work, check=True, capture_output=True, text=True)
+    proc = run_snakemake(work, "all", "--config", "scale=rehearsal", "--cores", "2", timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work
+
+
+def test_each_teacher_trains_on_its_own_tokens(rehearsal):
+    data = rehearsal / "results" / "data" / "rehearsal"
+    vocab = {}
+    for name, model in (("qwen3", "qwen3-teacher"), ("granite4", "granite-teacher")):
+        cfg = json.loads((rehearsal / "cache" / "rehearsal" / "models" / model / "config.json").read_text())
+        vocab[name] = cfg["vocab_size"]
+        stats = json.loads((data / "mixture" / name / "multilingual" / "stats.json").read_text())
+        assert stats["max_token_id"] < cfg["vocab_size"]
+    assert vocab["qwen3"] != vocab["granite4"]  # two tokenizers, two mixtures
+
+
+def test_training_ran_on_two_processes_with_sharded_checkpoints(rehearsal):
+    runs = rehearsal / "results" / "train" / "rehearsal" / "runs"
+    shards = sorted(p.name for p in runs.rglob("*.distcp"))
+    assert shards and {"__0_0.distcp", "__1_0.distcp"} <= set(shards)
+
+
+def test_published_pairs_and_lm_eval(rehearsal):
+    ev = rehearsal / "results" / "eval" / "rehearsal"
+    soft = pl.read_parquet(ev / "softcka.parquet")
+    pairs = set(soft["pair"].unique())
+    assert {"qwen3.5-vs-qwen3", "olmo-hybrid-vs-olmo-3", "granitemoehybrid-vs-granite"} <= pairs
+    lm = pl.read_parquet(ev / "lm_benchmarks.parquet")
+    assert "hybridlab_local_recall" in set(lm["task"])
+    vals = lm.filter(pl.col("task") == "hybridlab_local_recall")["value"].to_numpy()
+    assert np.isfinite(vals).all() and ((vals >= 0) & (vals <= 1)).all()
+    figures = rehearsal / "results" / "figures" / "rehearsal"
+    assert (figures / "table_lm_benchmarks.csv").is_file() and len(list(figures.glob("fig_*.png"))) >= 10
