@@ -43,7 +43,8 @@ def test_dry_run_lists_every_phase(scale):
     counts = _job_counts(proc.stdout)
     for phase, rules in PHASE_RULES.items():
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
-    n_students = len(["p"] * 5) * (2 if scale in ("paper", "rehearsal") else 1)  # 5 placements x teachers x 1 mixer
+    # placements x teachers x 1 mixer (the rehearsal narrows the placements to 2)
+    n_students = (2 if scale == "rehearsal" else 5) * (2 if scale in ("paper", "rehearsal") else 1)
     assert counts["convert"] == n_students
     assert counts["figure"] >= 8 and counts["table"] >= 1
 

@@ -64,7 +64,8 @@ def run(main) -> None:
     """Call `main()`, then write provenance for `--out`; user errors become one line + exit code 1."""
     try:
         main()
-        _provenance()
+        if is_main():  # under torchrun every rank runs main(); rank 0 alone writes outputs
+            _provenance()
     except HybridlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -74,11 +74,26 @@ def _format_error(err: jsonschema.ValidationError) -> str:
 
 def _check_structure(config: dict) -> None:
     validator = jsonschema.Draft202012Validator(_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
-    if errors:
-        # The deepest error is the most specific one (an unknown key beats "not valid under any schema").
-        err = max(errors, key=lambda e: len(e.absolute_path))
-        raise HybridlabError(_format_error(err))
+
+    def check(cfg: dict, prefix: str = "") -> None:
+        errors = sorted(validator.iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+        if errors:
+            # The deepest error is the most specific one (an unknown key beats "not valid under any schema").
+            err = max(errors, key=lambda e: len(e.absolute_path))
+            raise HybridlabError(prefix + _format_error(err))
+
+    check(config)
+    # A preset may narrow an experiment's arm lists (the rehearsal does); the merged experiments must be valid.
+    for scale, preset in config["presets"].items():
+        if preset.get("experiments"):
+            check({**config, "experiments": merged_experiments(config, scale)},
+                  f"presets.{scale}.experiments overrides: ")
+
+
+def merged_experiments(config: dict, scale: str) -> dict:
+    """`experiments` with the preset's per-experiment overrides (`presets.<scale>.experiments`) applied."""
+    over = config["presets"][scale].get("experiments") or {}
+    return {name: {**exp, **over.get(name, {})} for name, exp in config["experiments"].items()}
 
 
 def _check_meaning(config: dict) -> None:
@@ -160,10 +175,10 @@ def resolve(config: dict) -> dict:
         "scale": scale,
         "seed": config["seed"],
         "languages": config["languages"],
-        "experiments": config["experiments"],
         "offline": config["offline"],
     }
     view.update(copy.deepcopy(config["presets"][scale]))
+    view["experiments"] = copy.deepcopy(merged_experiments(config, scale))
     return view
 
 

@@ -151,6 +151,10 @@ class AttentionCapture:
         self.clear()
 
 
+def _param_dtype(module: nn.Module) -> torch.dtype:
+    return next(module.parameters()).dtype
+
+
 def _to_device(model: nn.Module, device: torch.device) -> None:
     if next(model.parameters()).device != device:
         model.to(device)
@@ -188,7 +192,9 @@ class Stage1Task:
         t_out = dict(self._teacher_cap.outputs)
         if self.inputs == "teacher":
             wrappers = mixer_wrappers(model)
-            s_out = {i: wrappers[i](self._teacher_cap.inputs[i])[0] for i in self.layers}
+            # The teacher may run in bf16 (paper) and the student in fp32: feed each mixer its own dtype
+            # (under autocast the projections cast anyway; outside it, e.g. the initial evaluation, they must).
+            s_out = {i: wrappers[i](self._teacher_cap.inputs[i].to(_param_dtype(wrappers[i])))[0] for i in self.layers}
         else:
             self._student_cap.clear()
             final_hidden(model, batch_BT)

@@ -25,7 +25,7 @@ Distribution (`hybridlab.train.fsdp.Engine`): under torchrun the model is sharde
 every task, hook and evaluation call receives the sharded module, called through the FSDP root;
 when `train` returns, the caller's model holds the trained weights, full, on every rank. Only rank
 0 writes metrics and shows the progress bar; every rank writes its checkpoint shards. `eval_fn`
-runs on every rank under `torch.no_grad()` with the model in eval mode and the RNG states restored
+runs on every rank under `torch.no_grad()` (and the training precision's autocast) with the model in eval mode and the RNG states restored
 afterwards, so evaluating never changes the training trajectory; rank 0's values are logged as
 `eval/<key>`.
 """
@@ -246,7 +246,7 @@ class _Run:
         rng = capture_rng()
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():  # evaluated in the precision it trains in
                 result = self.engine.run(self.eval_fn, step)
         finally:
             self.model.train()
