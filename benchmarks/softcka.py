@@ -106,7 +106,7 @@ def main() -> None:
                     k = sentence_gram(e_flat, e_off, block_tokens=args.block_tokens, seed=args.seed)
                 else:
                     k = rff_sentence_gram(e_flat, e_off, args.rff_features, args.seed)
-                soft_cka((), captured["x"].flat("hidden", layer), method=method, eng_gram=k,
+                soft_cka((e_flat, e_off), captured["x"].flat("hidden", layer), method=method, eng_gram=k,
                          block_tokens=args.block_tokens, n_features=args.rff_features, seed=args.seed)
         return run
 

@@ -1,6 +1,8 @@
 # Eval phase: one tidy parquet table per analysis (schemas documented in the README).
 # Each analysis has its own rule, named eval_<analysis>, writing results/eval/<scale>/<analysis>.parquet.
 
+import shlex
+
 EVAL_TABLES = ["softcka", "recency", "fertility", "perplexity", "niah", "retrieval_score", "retrieval_heads",
                "position_loss"]
 
@@ -266,7 +268,8 @@ rule eval_position_loss:
         models=bld_nl_dirs(),
         mixture=mixture_dir(BLD_NL_TOK, "english"),
         tokdir=tokenizer_dir(BLD_NL_TOK),
-        pg19_local=local_sources(C)["pg19"] or "",  # documents: pg19 (null: the hub or the HF cache)
+        # documents: pg19 from local_sources.pg19 when set, else the hub or the HF cache
+        pg19=f"--pg19-local {shlex.quote(str(local_sources(C)['pg19']))}" if local_sources(C)["pg19"] else "",
     log:
         LOG("eval", "position_loss"),
     benchmark:
@@ -280,7 +283,7 @@ rule eval_position_loss:
         CUDA_ENV
     shell:
         "{PY} workflow_scripts/eval_position_loss.py --params {params.cfg:q} --models {params.models} "
-        "--mixture {params.mixture} --tokenizer {params.tokdir} --pg19-local {params.pg19_local:q} "
+        "--mixture {params.mixture} --tokenizer {params.tokdir} {params.pg19} "
         "--out {output.buckets} --summary {output.summary} --threads {threads} > {log} 2>&1"
 
 

@@ -34,7 +34,8 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     work = analysis
     t = pl.read_parquet(work / "results/eval/smoke/softcka.parquet")
     assert t.columns == ["model", "pair", "role", "kind", "layer", "layer_type", "lang", "cka", "cka_debiased",
-                         "alignment", "n_sentences", "method", "sigma_eng", "sigma_x"]
+                         "alignment", "alignment_method", "alignment_gram_rows", "n_sentences", "method", "sigma_eng",
+                         "sigma_x", "sigma_pair", "sigma_convention"]
     params = _params(work, "softcka")
     cfg = params["softcka"]
     langs = cfg["languages"]
@@ -70,6 +71,8 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     assert row["cka"] == pytest.approx(ref.cka, abs=1e-6)
     assert row["cka_debiased"] == pytest.approx(ref.cka_debiased, abs=1e-6)
     assert row["alignment"] == pytest.approx(ref.alignment, abs=1e-6)
+    assert row["alignment_gram_rows"] == pytest.approx(ref.alignment_gram_rows, abs=1e-6)
+    assert row["sigma_pair"] == pytest.approx(ref.sigma_pair, rel=1e-6) and row["alignment_method"] == "kme"
 
 
 @pytest.mark.slow

@@ -127,7 +127,8 @@ def _heads():
 
 def _position_summary():
     return pl.DataFrame([dict(model=f"{m}-{v}", mixer=m, size="xs", variant=v, n_docs=2, doc_len=64, n_tokens=126,
-                              ppl=100.0 + j, n_key_tokens=3, long_ppl=50.0 + j, short_window=8, threshold=2.0)
+                              ppl=100.0 + j, n_key_tokens=3, long_ppl=50.0 + j, short_window=8, threshold=2.0,
+                              evaluator="kda-baseline")
                          for m in ("gdn", "kda") for j, v in enumerate(("baseline", "bld"))])
 
 
@@ -292,6 +293,7 @@ def test_bld_nl_table_joins_runs_and_summary():
     assert df["final_eval_ce"].to_list() == pytest.approx([6.0, 5.9, 5.8, 5.7])
     assert df["ce_vs_baseline"].to_list() == pytest.approx([0.0, -0.1, 0.0, -0.1])
     assert df["long_ppl"].to_list() == [50.0, 51.0, 50.0, 51.0]
+    assert df["evaluator"].to_list() == ["kda-baseline"] * 4
 
 
 def test_sr_longgap_uses_the_last_eval_of_each_sweep_arm(tables):

@@ -4,7 +4,10 @@ For every analysis model (`hybridlab.eval.pairs`: distilled student vs teacher; 
 preset) the same N parallel sentences (a seeded sample of sids present in English and every analysed
 language) are run through the model per language; for each representation kind and layer, SoftCKA,
 its debiased variant and the mean per-pair alignment are computed between English and language X
-(`hybridlab.eval.softcka`; the English Gram is computed once per layer and shared by all languages).
+(`hybridlab.eval.softcka`; the English Gram is computed once per layer and shared by all languages, the
+defined pair alignment needs one pooled Gram of both languages per language). `softcka.sigma_convention`
+(median_distance | median_sq_distance, default median_distance) sets the bandwidth convention and
+`softcka.alignment` (kme | gram_rows, default kme) the pair alignment reported in `alignment`.
 
 Output `--out` (tidy parquet), one row per (model, pair, kind, layer, lang):
   model, pair, role (hybrid | dense)  - the analysed model and each pair it belongs to (rows repeat per pair)
@@ -13,7 +16,13 @@ Output `--out` (tidy parquet), one row per (model, pair, kind, layer, lang):
                after the final norm as in transformers); attn_delta: decoder layer 0..L-1
   layer_type - `embedding` for hidden 0, else the decoder layer's type (`full_attention` or mixer kind)
   lang       - language X (English is the reference and has no row)
-  cka, cka_debiased, alignment, n_sentences, method (exact | rff), sigma_eng, sigma_x (RBF bandwidths)
+  cka        - plain (biased) linear CKA of the sentence Grams; biased upward at small N
+  cka_debiased - the same with the unbiased HSIC estimator (~0 for unrelated representations)
+  alignment  - mean per-pair alignment of `alignment_method` (kme: the defined centred cosine of kernel
+               mean embeddings in one space; gram_rows: cosine of centred Gram rows)
+  alignment_gram_rows - the gram_rows variant (always reported)
+  n_sentences, method (exact | rff), sigma_eng, sigma_x (RBF bandwidths), sigma_pair (the pooled bandwidth
+  of the kme alignment; null for gram_rows), sigma_convention
 """
 
 import time
@@ -51,12 +60,17 @@ def main() -> None:
     device = pairs.analysis_device()
     method = cfg["method"]
     n_sent = len(texts[english])
-    print(f"softcka: {n_sent} sentences, English vs {langs}, kinds {kinds}, method {method}, device {device}")
+    convention = cfg.get("sigma_convention", "median_distance")
+    alignment = cfg.get("alignment", "kme")
+    print(f"softcka: {n_sent} sentences, English vs {langs}, kinds {kinds}, method {method}, device {device}, "
+          f"sigma {convention}, alignment {alignment}")
 
     def gram(flat, off):
         if method == "exact":
-            return sentence_gram(flat, off, block_tokens=cfg["block_tokens"], device=device, seed=params["seed"])
-        return rff_sentence_gram(flat, off, cfg["rff_features"], params["seed"], device=device)
+            return sentence_gram(flat, off, block_tokens=cfg["block_tokens"], device=device, seed=params["seed"],
+                                 sigma_convention=convention)
+        return rff_sentence_gram(flat, off, cfg["rff_features"], params["seed"], device=device,
+                                 sigma_convention=convention)
 
     rows = []
     for m in pairs.analysis_models(**params["models"]):
@@ -76,15 +90,18 @@ def main() -> None:
             if not units:  # e.g. only attn_delta asked and this pass holds just the final hidden state
                 continue
             eng = capture(english)
+            # the English token sets are kept for the pooled Gram of the kme alignment
+            eng_sets = {u: eng.flat(*u) for u in units} if alignment == "kme" else {u: () for u in units}
             eng_grams = {u: gram(*eng.flat(*u)) for u in units}
             del eng
             for lang in langs:
                 cap = capture(lang)
                 for kind, layer in units:
                     # English enters through its precomputed Gram, so no English token sets are passed
-                    res = soft_cka((), cap.flat(kind, layer), method=method, eng_gram=eng_grams[(kind, layer)],
-                                   block_tokens=cfg["block_tokens"], device=device,
-                                   n_features=cfg["rff_features"], seed=params["seed"])
+                    res = soft_cka(eng_sets[(kind, layer)], cap.flat(kind, layer), method=method,
+                                   eng_gram=eng_grams[(kind, layer)], block_tokens=cfg["block_tokens"], device=device,
+                                   n_features=cfg["rff_features"], seed=params["seed"], sigma_convention=convention,
+                                   alignment=alignment)
                     if kind == "hidden":
                         ltype = "embedding" if layer == 0 else types[layer - 1]
                     else:
@@ -92,13 +109,15 @@ def main() -> None:
                     for key in pairs.pair_rows(m):
                         rows.append(key | {"kind": kind, "layer": layer, "layer_type": ltype, "lang": lang,
                                            "cka": res.cka, "cka_debiased": res.cka_debiased,
-                                           "alignment": res.alignment, "n_sentences": res.n_sentences,
-                                           "method": res.method, "sigma_eng": res.sigma_eng,
-                                           "sigma_x": res.sigma_x})
+                                           "alignment": res.alignment, "alignment_method": res.alignment_method,
+                                           "alignment_gram_rows": res.alignment_gram_rows,
+                                           "n_sentences": res.n_sentences, "method": res.method,
+                                           "sigma_eng": res.sigma_eng, "sigma_x": res.sigma_x,
+                                           "sigma_pair": res.sigma_pair, "sigma_convention": res.sigma_convention})
         del model
         print(f"  {m.name}: {n_layers} layers, {time.perf_counter() - t0:.1f}s")
 
-    table = pl.DataFrame(rows).sort("model", "pair", "kind", "layer", "lang")
+    table = pl.DataFrame(rows, schema_overrides={"sigma_pair": pl.Float64}).sort("model", "pair", "kind", "layer", "lang")
     pairs.write_table(table, args.out)
     summary = table.group_by("model", "kind").agg(pl.col("cka").mean()).sort("model", "kind")
     print(summary)

@@ -517,14 +517,15 @@ def sr_longgap(runs: pl.DataFrame):
 def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     """BLD on natural language, one row per arm: final held-out CE, long-document perplexity and LongPPL.
 
-    `final_eval_ce` is the last held-out CE of the run's metrics; `ppl`, `long_ppl` and `n_key_tokens`
-    come from the position-loss summary (LongPPL is null when no token qualifies as a key token).
+    `final_eval_ce` is the last held-out CE of the run's metrics; `ppl`, `long_ppl`, `n_key_tokens` and
+    `evaluator` come from the position-loss summary (LongPPL is null when no token qualifies as a key
+    token; every arm is scored on the key tokens of the one `evaluator` arm).
     The BLD-vs-baseline change in CE is in `ce_vs_baseline` (negative = BLD better).
     """
     r = _nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics"))
     final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by("run").agg(
         final_eval_ce=pl.col("eval/ce").last(), tokens=pl.col("tokens").last()))
-    s = require(summary, ["model", "mixer", "size", "variant", "ppl", "long_ppl", "n_key_tokens"],
+    s = require(summary, ["model", "mixer", "size", "variant", "ppl", "long_ppl", "n_key_tokens", "evaluator"],
                 "position_loss_summary")
     out = s.join(final, left_on="model", right_on="run", how="inner")
     if out.is_empty():
@@ -533,7 +534,8 @@ def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     out = out.join(base, on=["mixer", "size"], how="left").with_columns(
         ce_vs_baseline=pl.col("final_eval_ce") - pl.col("base_ce"))
     return out.sort(["size", "mixer", "variant"]).select(
-        "mixer", "size", "variant", "tokens", "final_eval_ce", "ce_vs_baseline", "ppl", "long_ppl", "n_key_tokens")
+        "mixer", "size", "variant", "tokens", "final_eval_ce", "ce_vs_baseline", "ppl", "long_ppl", "n_key_tokens",
+        "evaluator")
 
 
 def lm_benchmarks_table(bench: pl.DataFrame) -> pl.DataFrame:
