@@ -78,6 +78,7 @@ def distill_params(stage):
     own = {1: ["stage1", "stage1_inputs"], 2: ["stage2", "kl_chunk_tokens", "kl_vocab_chunk"]}[stage]
     keys = own + ["eval_every_tokens", "ckpt_every_tokens", "eval_rows_per_language", "eval_batch_size",
                   "gradient_checkpointing"]
+    keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
     return as_json({**{k: d[k] for k in keys}, "seed": C["seed"]})
 
 

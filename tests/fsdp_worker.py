@@ -15,6 +15,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from hybridlab.models.convert import convert_to_hybrid
 from hybridlab.train import distill
 from hybridlab.train.config import TrainConfig
+from hybridlab.train.distributed import init_distributed
+from hybridlab.train.fsdp import Frozen
 from hybridlab.train.freeze import FreezeSchedule
 from hybridlab.train.loop import train
 from hybridlab.train.tasks import CausalLMTask
@@ -45,7 +47,7 @@ def run(scenario, out, kill_at):
     data = [torch.randint(0, V, (T + 1,), generator=g) for _ in range(24)]
     base = dict(out_dir=out, steps=4, micro_batch_size=2, grad_accum=4, lr=1e-2, ckpt_every=2, log_every=1,
                 progress=False, device="cpu", precision="fp32", activation_checkpointing=True)
-    hooks, task, model = [], CausalLMTask(), qwen()  # scenario "lm": the plain run
+    hooks, task, model, evaluate = [], CausalLMTask(), qwen(), _eval  # scenario "lm": the plain run
     if scenario == "switch":  # AdamW for 2 updates, then Muon for the hidden matrices
         base.update(optimizer_switch_step=2, optimizer_after_switch="muon")
     elif scenario == "freeze":  # MLPs frozen for the first 2 updates, then trained
@@ -53,8 +55,10 @@ def run(scenario, out, kill_at):
         hooks.append(FreezeSchedule(r"\.mlp\.", [(0, 2)]))
     elif scenario == "bf16":
         base.update(precision="bf16")
-    elif scenario in ("stage1", "stage2"):  # distillation of a converted GDN hybrid
+    elif scenario in ("stage1", "stage2", "stage2_shard"):  # distillation of a converted GDN hybrid
         teacher = distill.freeze(qwen(seed=5))
+        if scenario == "stage2_shard":  # the frozen teacher FSDP-sharded too (replicated on 1 process)
+            teacher = Frozen(teacher, init_distributed("cpu"), shard=True)
         torch.manual_seed(3)
         model = convert_to_hybrid(qwen(seed=5), [1], "gdn")
         data = [row[:T] for row in data]
@@ -63,13 +67,16 @@ def run(scenario, out, kill_at):
             task = distill.Stage1Task(teacher, model, inputs="teacher")
         else:
             task = distill.Stage2Task(teacher, chunk_tokens=8)
+        if scenario == "stage2_shard":  # held-out curves with the sharded teacher, as distill.py's eval_fn
+            ids, langs = torch.stack(data[:2]), ["eng_Latn", "fra_Latn"]
+            evaluate = lambda m, step: distill.heldout_curve_metrics(m, teacher, ids, langs, batch_size=2)
     if kill_at is not None:
         def killer(step, model, opt):
             if step == kill_at:
                 raise Kill(f"killed before update {step}")
         hooks.append(killer)
     base.update(eval_every=2)  # evaluation between updates runs through the FSDP root too
-    train(model, task, data, TrainConfig(**base), on_step_start=hooks, eval_fn=_eval)
+    train(model, task, data, TrainConfig(**base), on_step_start=hooks, eval_fn=evaluate)
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
 

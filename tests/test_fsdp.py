@@ -30,7 +30,7 @@ def _env():
     return env
 
 
-SCENARIOS = ["lm", "bf16", "stage1", "stage2", "switch", "freeze"]
+SCENARIOS = ["lm", "bf16", "stage1", "stage2", "stage2_shard", "switch", "freeze"]
 
 
 def launch(nproc, root, *scenarios, kill_at=None, ok=True):
@@ -69,7 +69,7 @@ def test_launcher_is_plain_python_for_one_process_and_torchrun_for_more():
     assert launch_prefix(4, python="py") == "py -m torch.distributed.run --standalone --nproc_per_node 4"
 
 
-@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 1e-5), ("stage1", 1e-5), ("stage2", 1e-5),
+@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 1e-5), ("stage1", 1e-5), ("stage2", 1e-5), ("stage2_shard", 1e-5),
                                            ("switch", 1e-3)])
 def test_two_processes_match_one(runs, scenario, tol):
     one, two = runs(scenario)
@@ -84,6 +84,17 @@ def test_two_processes_match_one(runs, scenario, tol):
     # Checkpoints are DCP shards: one data file per rank.
     ckpt = list_checkpoints(two / "checkpoints")[-1][1]
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_a_sharded_teacher_gives_the_replicated_teachers_run(runs):
+    """stage2_shard: the same run as stage2 with the frozen teacher FSDP-sharded over the 2 processes."""
+    rep, shard = runs("stage2")[1], runs("stage2_shard")[1]
+    assert losses(rep) == pytest.approx(losses(shard), rel=1e-5)
+    # Held-out KL through the sharded teacher (2 processes) = through the plain one (1 process).
+    one, two = (pl.read_parquet(d / "metrics.parquet")["eval/kl"].drop_nulls().to_list() for d in runs("stage2_shard"))
+    assert len(one) == 2 and all(v > 0 for v in one)
+    assert one == pytest.approx(two, rel=1e-4)
+    assert max_diff(final(rep), final(shard)) < 1e-5
 
 
 def _ckpt_weights(ckpt_dir, step, like):

@@ -118,7 +118,9 @@ def test_cli_small_gpu_does_not_fit(capsys):
     assert main(["plan", "--scale", "paper", "--gpu-mem-gb", "16", "--gpus", "1", "--json"]) == 0
     jobs = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
     s2 = jobs["distill_stage2 Qwen--Qwen3-4B gdn"]
-    assert not s2["fits"] and s2["min_gpus"] > 1 and s2["peak_bytes"] > 16e9
+    # The paper preset replicates the bf16 teacher (8 GB) on every rank: no GPU count fits 16 GB
+    # (train.distill.teacher_sharding: shard would be the fix).
+    assert not s2["fits"] and s2["min_gpus"] is None and s2["peak_bytes"] > 16e9
 
 
 @pytest.mark.parametrize("argv,msg", [(["--gpus", "3"], "--gpus 3 is not allowed"),

@@ -44,7 +44,8 @@ def main() -> None:
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill
     from hybridlab.train.config import TrainConfig
-    from hybridlab.train.distributed import resolve_device
+    from hybridlab.train.distributed import init_distributed, resolve_device
+    from hybridlab.train.fsdp import Frozen
     from hybridlab.train.loop import METRICS_FILE, train
 
     run = dict(params[f"stage{args.stage}"])
@@ -62,11 +63,16 @@ def main() -> None:
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
     is_main = int(os.environ.get("RANK", "0")) == 0
     dtype = torch.bfloat16 if cfg.resolved_precision(device.type) == "bf16" else torch.float32  # the teacher's
-    teacher = distill.freeze(load_causal_lm(args.teacher, dtype=dtype)).to(device)
+    teacher_model = distill.freeze(load_causal_lm(args.teacher, dtype=dtype)).to(device)
+    # The frozen teacher: replicated on every rank, or FSDP-sharded (the memory plan's teacher term); a sharded
+    # one needs the process group now, and train() reuses it.
+    shard_teacher = params.get("teacher_sharding", "replicate") == "shard"
+    ctx = init_distributed(cfg.device) if shard_teacher else None
+    teacher = Frozen(teacher_model, ctx, shard=True) if shard_teacher else teacher_model
     student = load_hybrid(args.student, dtype=torch.float32, device=device)
     # Before any update: the mixture is in this teacher's tokens (ids fit both embeddings) and holds the budget.
     what = f"distill stage {args.stage}"
-    check_mixture_vocab(args.mixture, teacher, f"{what} teacher {args.teacher}")
+    check_mixture_vocab(args.mixture, teacher_model, f"{what} teacher {args.teacher}")
     check_train_data(args.mixture, student, what=what, need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
                      epochs=epochs, fix="raise data.mixture_tokens")
     torch.manual_seed(params["seed"])
@@ -106,17 +112,23 @@ def main() -> None:
     if is_main:
         stamp.write_text(fingerprint)
     initial_path = work / "initial_eval.json"
-    if is_main and (restart or not initial_path.exists()):
+    want_initial = restart or not initial_path.exists()
+    if ctx is not None:  # one decision for all ranks (rank 0 writes the file the others would see)
+        want_initial = ctx.all_gather_object(want_initial)[0]
+    if want_initial and (is_main or ctx is not None):  # a sharded teacher needs every rank in the call
         # Before the first update: the curve's 0-token point (on a resume, the stored one is reused).
         student.eval()
         with torch.no_grad():
             initial = eval_fn(student, 0)
-        initial_path.write_text(json.dumps(initial, sort_keys=True))
+        if is_main:
+            initial_path.write_text(json.dumps(initial, sort_keys=True))
 
     t0 = time.perf_counter()
     result = train(student, task, train_set, cfg, eval_fn=eval_fn, restart=restart,
                    grad_norm_groups=distill.grad_norm_groups())
     seconds = time.perf_counter() - t0
+    if ctx is not None:
+        ctx.close()
     if args.stage == 1:
         task.close()
     if not is_main:

@@ -234,6 +234,7 @@ class RecurrentMixer(nn.Module, ABC):
         recurrent = T <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
         initial = None if state is None else state.recurrent_BHKV
         o_BTHV, final_BHKV = self.mix(q, k, v, g, beta, initial, recurrent)
+        o_BTHV = o_BTHV.to(q.dtype)  # the CPU ops accumulate in fp32; fla returns the inputs' dtype, so do we
         y_BTD = self.o_proj(self.output_norm(o_BTHV, x_BTD).reshape(B, T, self.value_dim))
         if mask_BT is not None:
             y_BTD = y_BTD * mask_BT[..., None]

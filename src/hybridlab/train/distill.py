@@ -151,6 +151,29 @@ class AttentionCapture:
         self.clear()
 
 
+def as_frozen(teacher) -> "Frozen":
+    """A `Frozen` teacher: a plain module is wrapped as replicated (called directly)."""
+    from hybridlab.train.distributed import DistContext
+    from hybridlab.train.fsdp import Frozen
+
+    if isinstance(teacher, Frozen):
+        freeze(teacher.model)
+        return teacher
+    freeze(teacher)
+    f = Frozen.__new__(Frozen)
+    f.model, f.sharded, f._root = teacher, False, None
+    return f
+
+
+def _teacher_head_side(teacher: nn.Module, batch_BT: torch.Tensor, copy_weight: bool) -> Projected:
+    side = lm_head_side(teacher, final_hidden(teacher, batch_BT))
+    if not copy_weight:
+        return side
+    # A sharded teacher frees its gathered head after the call: keep a copy for the chunked KL.
+    return Projected(side.hidden, side.weight.detach().clone(),
+                     None if side.bias is None else side.bias.detach().clone(), side.scale)
+
+
 def _param_dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
 
@@ -167,10 +190,11 @@ class Stage1Task:
     The loss's extra scalars are the per-layer alignment losses `align/<layer>`.
     """
 
-    def __init__(self, teacher: nn.Module, student: nn.Module, inputs: str = "teacher"):
+    def __init__(self, teacher, student: nn.Module, inputs: str = "teacher"):
         if inputs not in STAGE1_INPUTS:
             raise HybridlabError(f"stage-1 inputs {inputs!r} unknown; use one of {', '.join(STAGE1_INPUTS)}")
-        self.teacher = freeze(teacher)
+        self.frozen = as_frozen(teacher)  # a module (replicated) or a possibly sharded Frozen
+        teacher = self.teacher = self.frozen.model
         self.layers = sorted(mixer_wrappers(student))
         if len(decoder_layers(teacher)) != hybrid_spec(student).num_layers:
             raise HybridlabError(f"teacher has {len(decoder_layers(teacher))} layers, the student "
@@ -185,10 +209,11 @@ class Stage1Task:
 
     def layer_outputs(self, model: nn.Module, batch_BT: torch.Tensor):
         """(student outputs, teacher outputs) per mixer layer for one batch of input ids."""
-        _to_device(self.teacher, batch_BT.device)
+        if not self.frozen.sharded:
+            _to_device(self.teacher, batch_BT.device)
         self._teacher_cap.clear()
         with torch.no_grad():
-            final_hidden(self.teacher, batch_BT)
+            self.frozen.run(final_hidden, batch_BT)
         t_out = dict(self._teacher_cap.outputs)
         if self.inputs == "teacher":
             wrappers = mixer_wrappers(model)
@@ -240,14 +265,17 @@ class Stage1Task:
 class Stage2Task:
     """Forward KL(teacher || student) of the next-token distributions at every position, chunked."""
 
-    def __init__(self, teacher: nn.Module, chunk_tokens: int = 1024, vocab_chunk: int | None = None):
-        self.teacher = freeze(teacher)
+    def __init__(self, teacher, chunk_tokens: int = 1024, vocab_chunk: int | None = None):
+        """`teacher`: a module (replicated) or a `hybridlab.train.fsdp.Frozen` (possibly sharded)."""
+        self.frozen = as_frozen(teacher)
+        self.teacher = self.frozen.model
         self.chunk_tokens, self.vocab_chunk = chunk_tokens, vocab_chunk
 
     def loss(self, model: nn.Module, batch_BT: torch.Tensor):
-        _to_device(self.teacher, batch_BT.device)
+        if not self.frozen.sharded:
+            _to_device(self.teacher, batch_BT.device)
         with torch.no_grad():
-            teacher_side = lm_head_side(self.teacher, final_hidden(self.teacher, batch_BT))
+            teacher_side = self.frozen.run(_teacher_head_side, batch_BT, self.frozen.sharded)
         student_side = lm_head_side(model, final_hidden(model, batch_BT))
         kl = kl_forward_chunked(teacher_side, student_side, chunk_tokens=self.chunk_tokens,
                                 vocab_chunk=self.vocab_chunk)
@@ -280,9 +308,16 @@ def pooled(frame, column: str) -> float:
     return float((frame[column] * n).sum() / n.sum())
 
 
-def heldout_curve_metrics(student: nn.Module, teacher: nn.Module, input_ids_NT: torch.Tensor,
+def heldout_curve_metrics(student: nn.Module, teacher, input_ids_NT: torch.Tensor,
                           langs: Sequence[str], batch_size: int = 8) -> dict[str, float]:
-    """{"ce", "kl", "ce/<lang>", "kl/<lang>"} of the student on held-out rows (see module docstring)."""
+    """{"ce", "kl", "ce/<lang>", "kl/<lang>"} of the student on held-out rows (see module docstring).
+
+    `teacher`: a module or a `Frozen` (a sharded one runs the whole evaluation inside its root call).
+    """
+    frozen = as_frozen(teacher)
+    if frozen.sharded:
+        return frozen.run(lambda t: heldout_curve_metrics(student, t, input_ids_NT, langs, batch_size))
+    teacher = frozen.model
     from hybridlab.eval.perplexity import evaluate_perplexity
 
     device = next(student.parameters()).device

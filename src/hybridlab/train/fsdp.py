@@ -23,6 +23,9 @@
   micro-batch count (`loss_scale`). A trainable parameter that no micro-batch of an update reaches gets
   a zero gradient (FSDP reduce-scatters zeros for it; the single process does the same in
   `fill_missing_grads`), as with DDP, so one and W processes update the same parameters.
+- **A frozen model** (the distillation teacher) is either replicated (its own copy on every rank, bf16
+  at paper) or sharded: `Frozen(model, ctx, shard=True)` applies `fully_shard` per decoder layer and
+  to a root like the one above, and every use goes through `Frozen.run(fn, ...)` on every rank.
 - `grad_norm` and `all_finite` reduce over the local shards of every rank, so every rank takes the same
   decision (clip factor, NaN stop) and no rank waits forever.
 """
@@ -166,6 +169,34 @@ class Engine:
     def abandon(self) -> None:
         """After an error: undo activation checkpointing; a sharded run leaves the caller's weights on meta."""
         _disable_checkpointing(self._ckpt_layers)
+
+
+class Frozen:
+    """A model that is never trained, called as `run(fn, *args)`: replicated, or FSDP-sharded.
+
+    Sharded, `fn(model, *args)` runs inside the FSDP root's forward under no_grad, so every parameter
+    (including the head weight a chunked loss reads) is gathered for the call and freed after it:
+    `fn` must not return parameters (return copies). Every rank must make the same calls.
+    """
+
+    def __init__(self, model: nn.Module, ctx: DistContext, *, shard: bool = False):
+        self.model, self.sharded = model.to(ctx.device), shard and ctx.enabled
+        self._root = None
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in find_decoder_layers(model) or []:
+                fully_shard(layer)
+            self._root = _Root(model)
+            fully_shard(self._root)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._root is None:
+            return fn(self.model, *args)
+        with torch.no_grad():
+            out = self._root(fn, *args)
+        self._root.reshard()
+        return out
 
 
 # ---- helpers -------------------------------------------------------------------------------------------

@@ -510,6 +510,8 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
                                   task=f"stage{stage}", mixer=mixer, mixer_layers=n_mix, precision=prec,
                                   checkpointing=d["gradient_checkpointing"], chunk_tokens=d["kl_chunk_tokens"],
                                   vocab_chunk=d["kl_vocab_chunk"], grad_accum=st.get("grad_accum", 1),
+                                  # what the engine does: train.distill.teacher_sharding (replicate by default)
+                                  teacher_sharded=d.get("teacher_sharding", "replicate") == "shard",
                                   gpu_mem_bytes=limit), limit, gpus, True))
         jobs.append(_verdict(f"eval_perplexity {tname} {mixer}", lambda k, s=s: estimate_forward(
             s, batch=d["eval_batch_size"], seq_len=data["seq_len"], mixer=exp["distill"]["mixers"][-1],
