@@ -50,18 +50,21 @@ def _configs(vocab_q: int, vocab_g: int, eos_q: int, eos_g: int) -> dict:
 
     q = dict(vocab_size=vocab_q, bos_token_id=eos_q, eos_token_id=eos_q, pad_token_id=eos_q, **_DIMS)
     g = dict(vocab_size=vocab_g, bos_token_id=eos_g, eos_token_id=eos_g, pad_token_id=eos_g, **_DIMS)
+    # the recurrent layers at the same miniature size (the library defaults are the 4B-7B models')
+    linear = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
     granite_mult = dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
                         logits_scaling=8.0)
     return {
         "qwen3-teacher": Qwen3Config(num_hidden_layers=4, head_dim=16, tie_word_embeddings=True, **q),
         "granite-teacher": GraniteConfig(num_hidden_layers=4, tie_word_embeddings=True, **granite_mult, **g),
         "qwen3.5-text": Qwen3_5TextConfig(num_hidden_layers=4, head_dim=16, tie_word_embeddings=True,
-                                          layer_types=["linear_attention"] * 3 + ["full_attention"], **q),
+                                          layer_types=["linear_attention"] * 3 + ["full_attention"], **linear, **q),
         "qwen3": Qwen3Config(num_hidden_layers=4, head_dim=16, tie_word_embeddings=True, **q),
-        "olmo-hybrid": OlmoHybridConfig(num_hidden_layers=4, **q),
+        "olmo-hybrid": OlmoHybridConfig(num_hidden_layers=4, **linear, **q),
         "olmo-3": Olmo3Config(num_hidden_layers=4, **q),
         "granitemoehybrid": GraniteMoeHybridConfig(num_hidden_layers=4, num_local_experts=0,
                                                    layer_types=["mamba", "mamba", "mamba", "attention"],
+                                                   mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=16,
                                                    **granite_mult, **q),
         "granite": GraniteConfig(num_hidden_layers=4, tie_word_embeddings=True, **granite_mult, **q),
     }
