@@ -70,6 +70,7 @@ def run(scenario, out, kill_at):
         if scenario == "stage2_shard":  # held-out curves with the sharded teacher, as distill.py's eval_fn
             ids, langs = torch.stack(data[:2]), ["eng_Latn", "fra_Latn"]
             evaluate = lambda m, step: distill.heldout_curve_metrics(m, teacher, ids, langs, batch_size=2)
+            evaluate(model, 0)  # before training, as distill.py's step-0 point (every rank: the teacher is sharded)
     if kill_at is not None:
         def killer(step, model, opt):
             if step == kill_at:

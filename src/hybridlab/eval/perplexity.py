@@ -95,7 +95,9 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
     try:
         for b0 in range(0, input_ids.shape[0], batch_size):
             ids_BT = input_ids[b0:b0 + batch_size].to(dev)
-            with torch.inference_mode():
+            # no_grad, not inference_mode: inside a sharded run FSDP's gathered parameters would become
+            # inference tensors, which the training step's next all-gather may not write into.
+            with torch.no_grad():
                 nll_BT, kl_BT = _chunked_nll_kl(model, teacher, ids_BT, chunk_tokens, vocab_chunk)
             keep_BT = (ids_BT[:, 1:] != pad_id) if pad_id is not None else torch.ones_like(nll_BT, dtype=torch.bool)
             for r, lang in enumerate(langs[b0:b0 + batch_size]):
