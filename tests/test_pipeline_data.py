@@ -36,11 +36,23 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
+@pytest.fixture(scope="module")
+def dry_run():
+    """scale -> job counts of `snakemake -n --forceall all` (each preset's dry run once per module)."""
+    done = {}
+
+    def counts(scale):
+        if scale not in done:
+            proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            done[scale] = _job_counts(proc.stdout)
+        return done[scale]
+    return counts
+
+
 @pytest.mark.parametrize("scale", ["smoke", "tiny", "paper", "rehearsal"])
-def test_dry_run_lists_every_phase(scale):
-    proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    counts = _job_counts(proc.stdout)
+def test_dry_run_lists_every_phase(dry_run, scale):
+    counts = dry_run(scale)
     for phase, rules in PHASE_RULES.items():
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
     # placements x teachers x 1 mixer (the rehearsal narrows the placements to 2)
@@ -49,15 +61,11 @@ def test_dry_run_lists_every_phase(scale):
     assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
-def test_rehearsal_builds_the_same_rules_as_paper():
+def test_rehearsal_builds_the_same_rules_as_paper(dry_run):
     """The rehearsal preset's point: the paper preset's code paths, so the same rules (counts may differ)."""
-    rules = {}
-    for scale in ("paper", "rehearsal"):
-        proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        rules[scale] = set(_job_counts(proc.stdout))
-    assert rules["paper"] == rules["rehearsal"]
-    assert "eval_lm_benchmarks" in rules["rehearsal"]
+    paper, rehearsal = set(dry_run("paper")), set(dry_run("rehearsal"))
+    assert paper == rehearsal
+    assert "eval_lm_benchmarks" in rehearsal and "eval_lm_benchmarks" not in set(dry_run("smoke"))
 
 
 @pytest.mark.slow
