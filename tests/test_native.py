@@ -179,3 +179,18 @@ def test_patch_module_refuses_known_module_without_kernels():
     empty = types.ModuleType("transformers.models.fake.modeling_fake")
     with pytest.raises(HybridlabError, match="needs updating"):
         native.patch_module(empty, required=True)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "olmo_hybrid"])
+def test_native_hybrid_runs_in_bf16_on_cpu(name):
+    """The CPU op returns the inputs' dtype, as fla does (an fp32 output met the bf16 out_proj and failed)."""
+    if name not in BUILDERS:
+        pytest.skip(f"{name} is not built here")
+    model = _build(name).to(torch.bfloat16)
+    patch_model_for_device(model)
+    ids = torch.randint(2, 96, (1, 12))
+    with torch.no_grad():
+        logits = model(ids).logits
+        out = model.generate(ids, max_new_tokens=3, do_sample=False)  # prefill + cached decode steps (NIAH)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    assert out.shape == (1, 15)

@@ -96,7 +96,8 @@ def _gdn_cpu(op_name: str):
         if op_name == "chunk_gated_delta_rule":
             kwargs["chunk_size"] = chunk_size
         out, state = getattr(ops, op_name)(query, key, value, g, beta, **kwargs)
-        return out, (state if output_final_state else None)
+        # fla's kernels return the inputs' dtype (the model's next projection expects it); the CPU ops accumulate in fp32
+        return out.to(value.dtype), (state if output_final_state else None)
 
     return run
 
