@@ -42,7 +42,9 @@ def main() -> None:
     tok_paths = args.tokenizer * len(args.models) if len(args.tokenizer) == 1 else args.tokenizer
     tables = []
     for model_dir, tok_path in zip(args.models, tok_paths):
-        name = "/".join(Path(model_dir).parts[-2:])
+        # results/<phase>/<scale>/<what> -> <what> (e.g. distill/<teacher>/<student>/stage2: unique per teacher)
+        parts = Path(model_dir).parts
+        name = "/".join(parts[3:] if parts[0] == "results" and len(parts) > 3 else parts[-2:])
         tok = load_tokenizer(tok_path)  # the evaluated model's own tokenizer
         model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
         tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name))
