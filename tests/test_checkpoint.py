@@ -126,3 +126,16 @@ def test_rng_roundtrip():
     restore_rng(s)
     b = (random.random(), np.random.rand(), torch.rand(3))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_checkpoint_of_another_run_is_refused_and_kept(tmp_path):
+    c = TrainConfig(out_dir=str(tmp_path / "run"), steps=2, micro_batch_size=2, ckpt_every=1, progress=False)
+    torch.manual_seed(0)
+    train(Tiny(), Task(), DATA, c, fingerprint="inputs-a")
+    ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    with pytest.raises(HybridlabError) as e:
+        train(Tiny(), Task(), DATA, c, fingerprint="inputs-b")
+    msg = str(e.value)
+    assert "another run" in msg and "inputs-a" in msg and "--restart" in msg and "\n" not in msg
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # nothing overwritten
