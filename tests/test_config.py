@@ -123,5 +123,5 @@ def test_snakemake_stops_with_one_line_on_bad_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "data", "--config", "scale=huge"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper)" in proc.stderr
+    assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper, rehearsal)" in proc.stderr
     assert "Traceback" not in proc.stderr

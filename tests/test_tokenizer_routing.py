@@ -62,8 +62,9 @@ def test_plan_errors():
 
 
 def _dry_run(scale):
-    """{rule: [shell command, ...]} of `snakemake -n -p all` at `scale` (no network, nothing built)."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--nolock", "all", "--config",
+    """{rule: [shell command, ...]} of `snakemake -n -p --forceall all` at `scale` (no network, nothing built;
+    --forceall: every job, whatever this checkout already built)."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--nolock", "--forceall", "all", "--config",
                            f"scale={scale}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs: dict[str, list[str]] = {}
