@@ -212,14 +212,8 @@ def test_joined_rows_concatenate_consecutive_rows():
         bld_nl.rows_per_sequence(100, 64)
 
 
-def test_documents_and_windows_by_hand():
+def test_documents_from_stream_by_hand():
     stream = np.array([5, 6, 7, 0, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 0, 3])
     docs = bld_nl.documents_from_stream(stream, eos_id=0)
     assert [d.tolist() for d in docs] == [[5, 6, 7], [8, 9], [1, 2, 3, 4, 5, 6, 7], [3]]
-    w = bld_nl.long_document_windows(docs, 3, 10)
-    assert w.tolist() == [[5, 6, 7], [1, 2, 3], [4, 5, 6]]  # first windows of every doc, then second windows
-    assert bld_nl.long_document_windows(docs, 3, 2).tolist() == [[5, 6, 7], [1, 2, 3]]
-    with pytest.raises(HybridlabError, match="longest: 7"):
-        bld_nl.long_document_windows(docs, 8, 1)
-    assert bld_nl.stream_windows(stream, 5, 10).tolist() == [[5, 6, 7, 0, 8], [9, 0, 1, 2, 3], [4, 5, 6, 7, 0]]
 

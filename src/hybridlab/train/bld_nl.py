@@ -31,9 +31,9 @@ Definitions (this project's):
   ceil(tokens_per_param * parameters / (micro_batch_size * grad_accum * context_len)), parameters
   counted once (tied embeddings once).
 - **Context.** `context_len` is a multiple k of the packed mixture's `seq_len`; a training sequence is
-  k consecutive packed rows. Train rows are shuffled at packing time, so joined rows are unrelated
-  stretches of text separated by a cut (like packing random documents); val rows are stored in
-  document order, so joined val rows are contiguous text.
+  k consecutive packed rows. Packing is contiguous and shuffles only whole blocks of rows
+  (`hybridlab.data.packing`, `block_rows` a multiple of k), so a training sequence is one stretch of
+  text in which a long document stays whole, with EOS between documents.
 """
 
 from __future__ import annotations
@@ -236,29 +236,3 @@ def documents_from_stream(stream: np.ndarray, eos_id: int) -> list[np.ndarray]:
     pieces = np.split(stream, cuts)
     docs = [p[1:] if len(p) and p[0] == eos_id else p for p in pieces]
     return [d for d in docs if len(d)]
-
-
-def long_document_windows(docs: Sequence[np.ndarray], doc_len: int, n: int) -> torch.Tensor:
-    """Up to `n` windows [n, doc_len], each inside one document, taken at document offsets 0, doc_len, ...
-    (all first windows, then all second windows, ...), so every window's position 0 starts real text."""
-    per_doc = [[d[o:o + doc_len] for o in range(0, len(d) - doc_len + 1, doc_len)] for d in docs]
-    out: list[np.ndarray] = []
-    depth = 0
-    while len(out) < n and any(depth < len(w) for w in per_doc):
-        out += [w[depth] for w in per_doc if depth < len(w)][: n - len(out)]
-        depth += 1
-    if not out:
-        longest = max((len(d) for d in docs), default=0)
-        raise HybridlabError(f"no held-out document has {doc_len} tokens (longest: {longest}); lower doc_len or "
-                             "cut windows from the stream (position_loss.windows: stream)")
-    return torch.from_numpy(np.stack(out).astype(np.int64))
-
-
-def stream_windows(stream: np.ndarray, doc_len: int, n: int) -> torch.Tensor:
-    """Up to `n` consecutive non-overlapping windows [n, doc_len] of a token stream (documents joined by EOS),
-    for corpora whose documents are shorter than `doc_len`."""
-    k = min(n, len(stream) // doc_len)
-    if k < 1:
-        raise HybridlabError(f"the held-out stream has {len(stream)} tokens, fewer than one {doc_len}-token window; "
-                             "lower doc_len")
-    return torch.from_numpy(np.asarray(stream[: k * doc_len], dtype=np.int64).reshape(k, doc_len))
