@@ -153,16 +153,12 @@ class AttentionCapture:
 
 def as_frozen(teacher) -> "Frozen":
     """A `Frozen` teacher: a plain module is wrapped as replicated (called directly)."""
-    from hybridlab.train.distributed import DistContext
     from hybridlab.train.fsdp import Frozen
 
     if isinstance(teacher, Frozen):
         freeze(teacher.model)
         return teacher
-    freeze(teacher)
-    f = Frozen.__new__(Frozen)
-    f.model, f.sharded, f._root = teacher, False, None
-    return f
+    return Frozen(freeze(teacher))
 
 
 def _teacher_head_side(teacher: nn.Module, batch_BT: torch.Tensor, copy_weight: bool) -> Projected:

@@ -179,8 +179,10 @@ class Frozen:
     `fn` must not return parameters (return copies). Every rank must make the same calls.
     """
 
-    def __init__(self, model: nn.Module, ctx: DistContext, *, shard: bool = False):
-        self.model, self.sharded = model.to(ctx.device), shard and ctx.enabled
+    def __init__(self, model: nn.Module, ctx: DistContext | None = None, *, shard: bool = False):
+        """`ctx` None: the model as it is (replicated, left on its device)."""
+        self.model = model if ctx is None else model.to(ctx.device)
+        self.sharded = shard and ctx is not None and ctx.enabled
         self._root = None
         if self.sharded:
             from torch.distributed.fsdp import fully_shard
