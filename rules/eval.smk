@@ -7,9 +7,18 @@ EVAL_TABLES = ["softcka", "recency", "fertility", "perplexity", "niah", "retriev
                "position_loss"]
 
 
-def distilled_students():
-    """Final (stage-2) student directories: save_hybrid layout (config.json, model.safetensors, hybrid.json)."""
-    return [distill_dir(t, p, m, "stage2") for t, p, m in STUDENTS]
+def distilled_students(seeds=None):
+    """Final (stage-2) student directories (save_hybrid layout: config.json, model.safetensors, hybrid.json) of
+    every student x replicate seed (`seeds`, default experiments.distill.seeds)."""
+    return [distill_dir(t, p, m, "stage2", s) for t, p, m in STUDENTS for s in (seeds or DISTILL_SEEDS)]
+
+
+# The analyses of the multilinguality study (SoftCKA, recency, NIAH; lm-eval) and the BLD-NL retrieval-head and
+# position-loss analyses read the models of the FIRST replicate seed only (their cost grows with every model;
+# their intervals are bootstraps / Wilson intervals over sentences, sequences and examples of that seed). The
+# findings' comparisons (perplexity / KL per placement, BLD-SR, BLD-NL held-out CE) use every seed.
+ANALYSIS_SEED = DISTILL_SEEDS[0]
+NL_ANALYSIS_SEED = NL_SEEDS[0]
 
 
 def analysis_models_param():
@@ -20,7 +29,7 @@ def analysis_models_param():
               file=sys.stderr)
         sys.exit(1)
     distilled = [{"teacher": t.replace("--", "/"), "teacher_path": teacher_dir(t), "student": f"{p}-{m}",
-                  "student_path": distill_dir(t, p, m, "stage2"),
+                  "student_path": distill_dir(t, p, m, "stage2", ANALYSIS_SEED),
                   "tokenizer": tokenizer_dir(teacher_tok(t)) if OFFLINE else teacher_dir(t)}
                  for t, p, m in STUDENTS] if A["include_distilled"] else []
     return {"distilled": distilled, "hub_pairs": A["hub_pairs"]}
@@ -37,7 +46,7 @@ def analysis_inputs():
     if not C.get("eval", {}).get("analysis", {}).get("include_distilled", False):
         return []
     return ([f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES]
-            + [f"{d}/{f}" for d in distilled_students() for f in ("model.safetensors", "hybrid.json")])
+            + [f"{d}/{f}" for d in distilled_students([ANALYSIS_SEED]) for f in ("model.safetensors", "hybrid.json")])
 
 
 rule eval_softcka:
@@ -127,11 +136,12 @@ rule eval_perplexity:
     output:
         table=R("eval", "perplexity.parquet"),
         tokens=R("eval", "tokens_to_baseline.parquet"),
+        rows=R("eval", "perplexity_rows.parquet"),
     params:
         cfg=as_json({
             "teachers": {t: teacher_dir(t) for t in TEACHERS},
-            "students": [{"teacher": t, "placement": p, "mixer": m, "dir": distill_dir(t, p, m, "stage2")}
-                         for t, p, m in STUDENTS],
+            "students": [{"teacher": t, "placement": p, "mixer": m, "seed": s,
+                          "dir": distill_dir(t, p, m, "stage2", s)} for t, p, m in STUDENTS for s in DISTILL_SEEDS],
             "rows_per_language": C["train"]["distill"]["table_rows_per_language"],
             "batch_size": C["train"]["distill"]["eval_batch_size"],
             "baseline_placement": C["experiments"]["distill"]["baseline_placement"],
@@ -151,7 +161,7 @@ rule eval_perplexity:
         CUDA_ENV
     shell:
         "{PY} workflow_scripts/eval_perplexity.py --params {params.cfg:q} --mixture {params.mixture} "
-        "--out {output.table} --tokens-out {output.tokens} > {log} 2>&1"
+        "--out {output.table} --tokens-out {output.tokens} --rows-out {output.rows} > {log} 2>&1"
 
 
 rule eval_niah:
@@ -184,14 +194,14 @@ rule eval_niah:
 rule eval_retrieval_score:
     """Layer Retrieval Ability Score by activation patching per layer and checkpoint (Spaced Retrieval)."""
     input:
-        models=lambda wc: [R("train", f"bld_sr/{a}/model.safetensors") for a in bld_sr_arms()],
-        indices=lambda wc: [R("train", f"bld_sr/{a}/score_checkpoints/index.json") for a in bld_sr_arms()],
+        models=lambda wc: [f"{bld_sr_dir(a, s)}/model.safetensors" for a in bld_sr_arms() for s in SR_SEEDS],
+        indices=lambda wc: [f"{bld_sr_dir(a, s)}/score_checkpoints/index.json" for a in bld_sr_arms() for s in SR_SEEDS],
         test=R("data", "spaced_retrieval/test.parquet"),
     output:
         R("eval", "retrieval_score.parquet"),
     params:
         cfg=as_json({**C["eval"]["retrieval_score"], "seed": C["seed"]}),
-        arms=lambda wc: [R("train", f"bld_sr/{a}") for a in bld_sr_arms()],
+        arms=lambda wc: [bld_sr_dir(a, s) for a in bld_sr_arms() for s in SR_SEEDS],
     threads: 1 if not ON_GPU else 8
     log:
         LOG("eval", "retrieval_score"),
@@ -219,7 +229,8 @@ def heads_position_params(section):
 
 
 def bld_nl_dirs():
-    return [R("train", f"bld_nl/{a}") for a in bld_nl_arms()]
+    """BLD-NL arm directories of the first replicate seed (the retrieval-head, position-loss and lm-eval analyses)."""
+    return [bld_nl_dir(a, NL_ANALYSIS_SEED) for a in bld_nl_arms()]
 
 
 rule eval_retrieval_heads:
@@ -288,7 +299,8 @@ rule eval_position_loss:
 
 
 # Paper (and rehearsal) preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
-LM_BENCHMARK_MODELS = ([teacher_dir(t) for t in TEACHERS] + distilled_students() + bld_nl_dirs()) if PAPER_PATH else []
+LM_BENCHMARK_MODELS = (([teacher_dir(t) for t in TEACHERS] + distilled_students([ANALYSIS_SEED]) + bld_nl_dirs())
+                       if PAPER_PATH else [])
 # Each model's own tokenizer: a teacher's (saved next to it) for the teacher and its students, BLD-NL's for its arms.
 LM_BENCHMARK_TOKENIZERS = ([teacher_dir(t) for t in TEACHERS] + [teacher_dir(t) for t, p, m in STUDENTS]
                            + [tokenizer_dir(BLD_NL_TOK)] * len(bld_nl_dirs())) if PAPER_PATH else []

@@ -1,14 +1,16 @@
 # Figures phase: one figure or table per result (PDF + PNG, CSV + Markdown), each a named target.
 
 def _runs(table, dirs):
-    """Per-run training logs of a figure: {"<table>/<run>": <dir>/metrics.parquet} (make_figure.py concatenates)."""
-    return {f"{table}/{run}": f"{d}/metrics.parquet" for run, d in dirs}
+    """Per-run training logs of a figure: {"<table>/seed<N>/<run>": <dir>/metrics.parquet}; make_figure.py
+    concatenates them (hybridlab.plots.figures.concat_runs: columns `run` and `seed`)."""
+    return {f"{table}/seed{seed}/{run}": f"{d}/metrics.parquet" for run, seed, d in dirs}
 
 
 _EV = lambda name: R("eval", f"{name}.parquet")
-_DISTILL_RUNS = _runs("distill", [(f"{t}/{p}-{m}", distill_dir(t, p, m, "stage2")) for t, p, m in STUDENTS])
-_SR_RUNS = _runs("bld_sr", [(a, R("train", f"bld_sr/{a}")) for a in bld_sr_arms()])
-_NL_RUNS = _runs("bld_nl", [(a, R("train", f"bld_nl/{a}")) for a in bld_nl_arms()])
+_DISTILL_RUNS = _runs("distill", [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage2", s))
+                                  for t, p, m in STUDENTS for s in DISTILL_SEEDS])
+_SR_RUNS = _runs("bld_sr", [(a, s, bld_sr_dir(a, s)) for a in bld_sr_arms() for s in SR_SEEDS])
+_NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for s in NL_SEEDS])
 
 # figure -> {table name (hybridlab.plots.figures.FIGURES) : parquet path}; one named target rule each.
 FIGURES = {

@@ -14,8 +14,18 @@ def teacher_dir(teacher):
     return R("models", f"teachers/{teacher}")
 
 
-def student_dir(teacher, placement, mixer):
-    return R("models", f"students/{teacher}/{placement}-{mixer}")
+from hybridlab.config import experiment_seeds
+
+# Replicate seeds per experiment (experiments.<name>.seeds): every arm runs once per seed, one job each, under
+# a seed<N> directory placed before the arm so that an arm directory's basename stays the arm's name.
+DISTILL_SEEDS = experiment_seeds(C, "distill")
+SR_SEEDS = experiment_seeds(C, "bld_sr")
+NL_SEEDS = experiment_seeds(C, "bld_nl")
+SEED_RE = "[0-9]+"
+
+
+def student_dir(teacher, placement, mixer, seed):
+    return R("models", f"students/seed{seed}/{teacher}/{placement}-{mixer}")
 
 
 STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
@@ -30,7 +40,7 @@ rule teacher:
         [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
     params:
         cfg=lambda wc: as_json({"shape": C["models"].get("teacher"), "train": C.get("train", {}).get("teacher"),
-                                "seed": C["seed"], "name": wc.teacher.replace("--", "/")}),
+                                "seed": C["seed"], "name": wc.teacher.replace("--", "/"), **DOCUMENT_MASK}),
         script="pretrain_teacher.py" if OFFLINE else "fetch_teacher.py",
         work=lambda wc: R("models", f"runs/teacher_{wc.teacher}"),
         out=lambda wc: teacher_dir(wc.teacher),
@@ -56,20 +66,23 @@ rule convert:
     input:
         [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
     output:
-        [R("models", f"students/{{teacher}}/{{placement}}-{{mixer}}/{f}") for f in MODEL_FILES + ["hybrid.json"]],
+        [R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
+         for f in MODEL_FILES + ["hybrid.json"]],
     wildcard_constraints:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
+        seed=SEED_RE,
     params:
+        # the replicate seed draws the new mixers' parameters (the same seed for every placement)
         cfg=lambda wc: as_json({"placement": wc.placement, "mixer": wc.mixer,
-                                "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": C["seed"],
+                                "fa_ratio": C["experiments"]["distill"]["fa_ratio"], "seed": int(wc.seed),
                                 "conv_init": C["experiments"]["distill"].get("conv_init", "random")}),
         teacher=lambda wc: teacher_dir(wc.teacher),
-        out=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
+        out=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer, wc.seed),
     log:
-        LOG("models", "convert_{teacher}_{placement}-{mixer}"),
+        LOG("models", "convert_{teacher}_{placement}-{mixer}_seed{seed}"),
     benchmark:
-        BENCH("models", "convert_{teacher}_{placement}-{mixer}")
+        BENCH("models", "convert_{teacher}_{placement}-{mixer}_seed{seed}")
     resources:
         mem_mb=16000,
         runtime=30,
@@ -85,4 +98,4 @@ rule models:
     """Phase target: every teacher and every converted student."""
     input:
         [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES],
-        [f"{student_dir(t, p, m)}/hybrid.json" for t, p, m in STUDENTS],
+        [f"{student_dir(t, p, m, s)}/hybrid.json" for t, p, m in STUDENTS for s in DISTILL_SEEDS],

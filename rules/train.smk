@@ -53,16 +53,26 @@ def bld_nl_arms():
     return list(BLD_NL_ARMS)
 
 
-def bld_nl_params(arm):
+def bld_nl_params(arm, seed):
     a = BLD_NL_ARMS[arm]
     run = {k: v for k, v in C["train"]["bld_nl"].items() if k != "sizes"}
+    # `seeds` is not passed: a job sees only its own replicate seed (adding a seed never reruns the others)
+    exp = {k: v for k, v in C["experiments"]["bld_nl"].items() if k != "seeds"}
     return as_json({"arm": {"name": a.name, "mixer": a.mixer, "size": a.size, "variant": a.variant},
                     "shape": C["train"]["bld_nl"]["sizes"][a.size], "run": run,
-                    "experiment": C["experiments"]["bld_nl"], "seed": C["seed"]})
+                    "experiment": exp, "seed": int(seed), **DOCUMENT_MASK})
 
 
-def distill_dir(teacher, placement, mixer, stage):
-    return R("train", f"distill/{teacher}/{placement}-{mixer}/{stage}")
+def distill_dir(teacher, placement, mixer, stage, seed):
+    return R("train", f"distill/seed{seed}/{teacher}/{placement}-{mixer}/{stage}")
+
+
+def bld_sr_dir(arm, seed):
+    return R("train", f"bld_sr/seed{seed}/{arm}")
+
+
+def bld_nl_dir(arm, seed):
+    return R("train", f"bld_nl/seed{seed}/{arm}")
 
 
 TRAIN_FILES = ["model.safetensors", "metrics.parquet"]
@@ -72,40 +82,43 @@ TRAIN_FILES = ["model.safetensors", "metrics.parquet"]
 DISTILL_FILES = ["config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"]
 
 
-def distill_params(stage):
-    """The distill_train settings one stage uses (so editing stage 2's knobs never reruns stage 1)."""
+def distill_params(stage, seed):
+    """The distill_train settings one stage uses (so editing stage 2's knobs never reruns stage 1); `seed` is
+    the replicate's (data order; the same for every placement of that seed)."""
     d = C["train"]["distill"]
     own = {1: ["stage1", "stage1_inputs"], 2: ["stage2", "kl_chunk_tokens", "kl_vocab_chunk"]}[stage]
     keys = own + ["eval_every_tokens", "ckpt_every_tokens", "eval_rows_per_language", "eval_batch_size",
                   "gradient_checkpointing"]
     keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
-    return as_json({**{k: d[k] for k in keys}, "seed": C["seed"]})
+    return as_json({**{k: d[k] for k in keys}, "seed": int(seed), **DOCUMENT_MASK})
 
 
 rule distill_stage1:
     """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only)."""
     input:
-        student=[R("models", f"students/{{teacher}}/{{placement}}-{{mixer}}/{f}") for f in MODEL_FILES + ["hybrid.json"]],
+        student=[R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
+                 for f in MODEL_FILES + ["hybrid.json"]],
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
         mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual"),
     output:
-        [R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
+        [R("train", f"distill/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
     wildcard_constraints:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
+        seed=SEED_RE,
     params:
-        cfg=distill_params(1),
+        cfg=lambda wc: distill_params(1, wc.seed),
         launch=launcher(gpus("distill_stage1", 4), at_least=4),
         teacher=lambda wc: teacher_dir(wc.teacher),
-        student=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer),
+        student=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer, wc.seed),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
-        work=lambda wc: R("train", f"runs/distill/{wc.teacher}/{wc.placement}-{wc.mixer}/stage1"),
-        out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
+        work=lambda wc: R("train", f"runs/distill/seed{wc.seed}/{wc.teacher}/{wc.placement}-{wc.mixer}/stage1"),
+        out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1", wc.seed),
     threads: TRAIN_THREADS
     log:
-        LOG("train", "distill_stage1_{teacher}_{placement}-{mixer}"),
+        LOG("train", "distill_stage1_{teacher}_{placement}-{mixer}_seed{seed}"),
     benchmark:
-        BENCH("train", "distill_stage1_{teacher}_{placement}-{mixer}")
+        BENCH("train", "distill_stage1_{teacher}_{placement}-{mixer}_seed{seed}")
     resources:
         mem_mb=16000 if OFFLINE else 160000,
         runtime=60 if OFFLINE else 600,
@@ -120,27 +133,28 @@ rule distill_stage1:
 rule distill_stage2:
     """Stage 2: whole student on forward KL(teacher || student) of the logits; held-out curves per language."""
     input:
-        stage1=[R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
+        stage1=[R("train", f"distill/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
         mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual"),
     output:
-        [R("train", f"distill/{{teacher}}/{{placement}}-{{mixer}}/stage2/{f}") for f in DISTILL_FILES],
+        [R("train", f"distill/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/stage2/{f}") for f in DISTILL_FILES],
     wildcard_constraints:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
+        seed=SEED_RE,
     params:
-        cfg=distill_params(2),
+        cfg=lambda wc: distill_params(2, wc.seed),
         launch=launcher(gpus("distill_stage2", 4), at_least=4),
         teacher=lambda wc: teacher_dir(wc.teacher),
-        student=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1"),
+        student=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1", wc.seed),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
-        work=lambda wc: R("train", f"runs/distill/{wc.teacher}/{wc.placement}-{wc.mixer}/stage2"),
-        out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage2"),
+        work=lambda wc: R("train", f"runs/distill/seed{wc.seed}/{wc.teacher}/{wc.placement}-{wc.mixer}/stage2"),
+        out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage2", wc.seed),
     threads: TRAIN_THREADS
     log:
-        LOG("train", "distill_stage2_{teacher}_{placement}-{mixer}"),
+        LOG("train", "distill_stage2_{teacher}_{placement}-{mixer}_seed{seed}"),
     benchmark:
-        BENCH("train", "distill_stage2_{teacher}_{placement}-{mixer}")
+        BENCH("train", "distill_stage2_{teacher}_{placement}-{mixer}_seed{seed}")
     resources:
         mem_mb=16000 if OFFLINE else 160000,
         runtime=120 if OFFLINE else 2880,
@@ -157,23 +171,26 @@ rule bld_sr:
     input:
         [R("data", f"spaced_retrieval/{s}.parquet") for s in SR_SPLITS],
     output:
-        [R("train", f"bld_sr/{{arm}}/{f}") for f in TRAIN_FILES + ["summary.json", "score_checkpoints/index.json"]],
+        [R("train", f"bld_sr/seed{{seed}}/{{arm}}/{f}")
+         for f in TRAIN_FILES + ["summary.json", "score_checkpoints/index.json"]],
     wildcard_constraints:
         arm=bld_sr_arm_regex(),
+        seed=SEED_RE,
     params:
-        cfg=lambda wc: as_json({"arm": bld_sr_arm_specs()[wc.arm], "train": C["train"]["bld_sr"], "seed": C["seed"],
+        # the replicate seed: initial weights (the same for every arm), batch order, long-gap resampling
+        cfg=lambda wc: as_json({"arm": bld_sr_arm_specs()[wc.arm], "train": C["train"]["bld_sr"], "seed": int(wc.seed),
                                 **{k: C["experiments"]["bld_sr"][k] for k in ("mixer", "pattern", "score_fractions")}}),
         launch=launcher(gpus("bld_sr")),
         data=R("data", "spaced_retrieval"),
-        work=lambda wc: R("train", f"runs/bld_sr/{wc.arm}"),
-        out=lambda wc: R("train", f"bld_sr/{wc.arm}"),
+        work=lambda wc: R("train", f"runs/bld_sr/seed{wc.seed}/{wc.arm}"),
+        out=lambda wc: bld_sr_dir(wc.arm, wc.seed),
     # One thread per arm on CPU: these tiny models are overhead-bound, so two arms side by side finish
     # far sooner than one arm on two threads.
     threads: 1 if not ON_GPU else TRAIN_THREADS
     log:
-        LOG("train", "bld_sr_{arm}"),
+        LOG("train", "bld_sr_{arm}_seed{seed}"),
     benchmark:
-        BENCH("train", "bld_sr_{arm}")
+        BENCH("train", "bld_sr_{arm}_seed{seed}")
     resources:
         mem_mb=4000,
         runtime=60,
@@ -191,20 +208,21 @@ rule bld_nl:
         mixture=mixture_files(BLD_NL_TOK, "english"),
         tokenizer=tokenizer_file(BLD_NL_TOK),
     output:
-        [R("train", f"bld_nl/{{arm}}/{f}") for f in TRAIN_FILES + ["hybrid.json", "summary.json"]],
+        [R("train", f"bld_nl/seed{{seed}}/{{arm}}/{f}") for f in TRAIN_FILES + ["hybrid.json", "summary.json"]],
     wildcard_constraints:
         arm="|".join(BLD_NL_ARMS),
+        seed=SEED_RE,
     params:
-        cfg=lambda wc: bld_nl_params(wc.arm),
+        cfg=lambda wc: bld_nl_params(wc.arm, wc.seed),
         launch=launcher(gpus("bld_nl", 4), at_least=4),
         mixture=mixture_dir(BLD_NL_TOK, "english"),
         tokdir=tokenizer_dir(BLD_NL_TOK),
-        work=lambda wc: R("train", f"runs/bld_nl/{wc.arm}"),
-        out=lambda wc: R("train", f"bld_nl/{wc.arm}"),
+        work=lambda wc: R("train", f"runs/bld_nl/seed{wc.seed}/{wc.arm}"),
+        out=lambda wc: bld_nl_dir(wc.arm, wc.seed),
     log:
-        LOG("train", "bld_nl_{arm}"),
+        LOG("train", "bld_nl_{arm}_seed{seed}"),
     benchmark:
-        BENCH("train", "bld_nl_{arm}")
+        BENCH("train", "bld_nl_{arm}_seed{seed}")
     # One thread per arm on CPU (as bld_sr): these small models are overhead-bound, so two arms side by side
     # finish sooner than one arm on two threads.
     threads: 1 if not ON_GPU else TRAIN_THREADS
@@ -222,6 +240,6 @@ rule bld_nl:
 rule train:
     """Phase target: every distilled student and every BLD arm."""
     input:
-        [f"{distill_dir(t, p, m, 'stage2')}/{f}" for t, p, m in STUDENTS for f in TRAIN_FILES],
-        [R("train", f"bld_sr/{a}/{f}") for a in bld_sr_arms() for f in TRAIN_FILES],
-        [R("train", f"bld_nl/{a}/{f}") for a in bld_nl_arms() for f in TRAIN_FILES],
+        [f"{distill_dir(t, p, m, 'stage2', s)}/{f}" for t, p, m in STUDENTS for s in DISTILL_SEEDS for f in TRAIN_FILES],
+        [f"{bld_sr_dir(a, s)}/{f}" for a in bld_sr_arms() for s in SR_SEEDS for f in TRAIN_FILES],
+        [f"{bld_nl_dir(a, s)}/{f}" for a in bld_nl_arms() for s in NL_SEEDS for f in TRAIN_FILES],

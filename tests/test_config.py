@@ -125,3 +125,40 @@ def test_snakemake_stops_with_one_line_on_bad_config(tmp_path):
     assert proc.returncode != 0
     assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper, rehearsal)" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("seeds, fragment", [
+    ([], "is not a non-empty list"),
+    (3, "is not a non-empty list"),
+    ([0, "1"], "has '1', not an integer >= 0"),
+    ([0, -1], "has -1, not an integer >= 0"),
+    ([True], "has True, not an integer >= 0"),
+    ([0, 1, 1], "lists seed 1 twice"),
+])
+def test_bad_seeds_are_one_line_errors_with_the_fix(base, seeds, fragment):
+    for where in ("experiments", "presets"):
+        c = copy.deepcopy(base)
+        if where == "experiments":
+            c["experiments"]["bld_sr"]["seeds"] = seeds
+            key = "experiments.bld_sr.seeds"
+        else:
+            c["presets"]["tiny"].setdefault("experiments", {})["distill"] = {"seeds": seeds}
+            key = "presets.tiny.experiments.distill.seeds"
+        msg = _err(c)
+        assert msg.startswith(f"config: {key}") and fragment in msg and "e.g. seeds: [0, 1, 2]" in msg
+
+
+def test_experiment_seeds_per_preset(base):
+    got = {}
+    for scale in cfg.SCALES:
+        view = cfg.resolve(cfg.validate({**copy.deepcopy(base), "scale": scale}))
+        got[scale] = {e: cfg.experiment_seeds(view, e) for e in cfg.SEEDED_EXPERIMENTS}
+    assert got["smoke"] == {"distill": [0], "bld_sr": [0], "bld_nl": [0]}
+    assert got["tiny"]["bld_sr"] == got["tiny"]["distill"] == [0, 1, 2]
+    assert got["paper"] == {"distill": [0, 1, 2], "bld_sr": [0, 1, 2], "bld_nl": [0, 1, 2]}
+    assert got["rehearsal"]["bld_sr"] == [0, 1]
+    # without `seeds` an experiment runs once, with the top-level seed
+    c = copy.deepcopy(base)
+    del c["experiments"]["bld_nl"]["seeds"]
+    c["presets"]["tiny"]["experiments"].pop("bld_nl", None)
+    assert cfg.experiment_seeds(cfg.resolve(cfg.validate(c)), "bld_nl") == [c["seed"]]

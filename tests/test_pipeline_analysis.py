@@ -48,7 +48,7 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     assert set(teacher["pair"]) == MODELS - {"teacher"} and set(teacher["role"]) == {"dense"}
     assert teacher.group_by("kind", "layer", "lang").agg(pl.col("cka").n_unique())["cka"].max() == 1
     student = t.filter(pl.col("model") == "teacher/sandwich-gdn")
-    spec = json.loads((work / "results/train/smoke/distill/teacher/sandwich-gdn/stage2/hybrid.json").read_text())
+    spec = json.loads((work / "results/train/smoke/distill/seed0/teacher/sandwich-gdn/stage2/hybrid.json").read_text())
     types = {(r["kind"], r["layer"]): r["layer_type"] for r in student.iter_rows(named=True)}
     assert types[("hidden", 0)] == "embedding"
     assert [types[("attn_delta", i)] for i in range(4)] == spec["layer_types"]
@@ -59,7 +59,7 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     # Recompute one cell from the library: same sentences (seeded sample), same model, same layer.
     parallel = pl.read_parquet(work / "results/data/smoke/corpus/parallel.parquet")
     texts = pairs.parallel_sample(parallel, "eng_Latn", langs, cfg["n_sentences"], params["seed"])
-    m = pairs.AnalysisModel("s", str(work / "results/train/smoke/distill/teacher/sandwich-gdn/stage2"),
+    m = pairs.AnalysisModel("s", str(work / "results/train/smoke/distill/seed0/teacher/sandwich-gdn/stage2"),
                             str(work / "results/data/smoke/tokenizer/bpe"))
     model, tok = pairs.load_analysis_model(m)
     lang = langs[-1]
@@ -85,7 +85,7 @@ def test_recency_table_reads_exactly_the_full_attention_layers(analysis):
     assert set(t["model"]) == MODELS and set(t["lang"]) == set(cfg["languages"])
     assert sorted(t.filter(pl.col("model") == "teacher")["layer"].unique()) == [0, 1, 2, 3]
     for p in PLACEMENTS:
-        spec = json.loads((work / f"results/train/smoke/distill/teacher/{p}-gdn/stage2/hybrid.json").read_text())
+        spec = json.loads((work / f"results/train/smoke/distill/seed0/teacher/{p}-gdn/stage2/hybrid.json").read_text())
         assert sorted(t.filter(pl.col("model") == f"teacher/{p}-gdn")["layer"].unique()) == spec["fa_layers"], p
     assert t["head"].n_unique() == 4 and t["mass"].is_between(0, 1 + 1e-6).all()
     # mass on the last w keys grows with w; the mean distance is below the input length

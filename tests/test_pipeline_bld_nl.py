@@ -14,7 +14,7 @@ ARMS = [f"{m}-{v}" for m in ("kda", "gdn", "gla") for v in ("baseline", "bld")]
 def test_bld_nl_arms_and_their_evals_at_smoke(smoke_workdir):
     work = smoke_workdir
     build(work, "results/eval/smoke/retrieval_heads.parquet", "results/eval/smoke/position_loss.parquet")
-    train = work / "results/train/smoke/bld_nl"
+    train = work / "results/train/smoke/bld_nl/seed0"
     assert sorted(d.name for d in train.iterdir()) == sorted(ARMS)
 
     from hybridlab.models.registry import load_causal_lm

@@ -22,7 +22,7 @@ def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
     exp, run = C["experiments"]["bld_sr"], C["train"]["bld_sr"]
     build(work, "results/eval/smoke/retrieval_score.parquet")
 
-    root = work / "results/train/smoke/bld_sr"
+    root = work / "results/train/smoke/bld_sr/seed0"
     arms = sorted(p.name for p in root.iterdir() if p.is_dir())
     expected = (["baseline"] + [f"freeze0-{s:g}" for s in exp["freeze_until"]]
                 + [f"window{s:g}+{w:g}" for s, w in exp["freeze_windows"]]
@@ -66,7 +66,8 @@ def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
         assert abs(share - f) < 0.15, (f, share)
 
     table = pl.read_parquet(work / "results/eval/smoke/retrieval_score.parquet")
-    assert table.columns[:4] == ["arm", "step", "fraction", "long_gap_fraction"]
+    assert table.columns[:5] == ["arm", "seed", "step", "fraction", "long_gap_fraction"]
+    assert table["seed"].unique().to_list() == [0]
     assert {"layer", "layer_type", "gap", "score", "n", "margin_clean", "margin_patched", "margin_b"} <= set(table.columns)
     assert table.height == len(arms) * len(ckpt_steps) * 4 * 2
     assert set(table["arm"]) == set(arms) and set(table["gap"]) == {8, 32}

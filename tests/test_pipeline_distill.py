@@ -16,8 +16,8 @@ PLACEMENTS = ["endpoint_spread", "interleaved_sandwich", "reverse_periodic", "sa
 def test_distillation_and_perplexity_table_at_smoke(smoke_workdir):
     work = smoke_workdir
     build(work, "results/eval/smoke/perplexity.parquet")
-    runs = work / "results/train/smoke/distill/teacher"
-    students = work / "results/models/smoke/students/teacher"
+    runs = work / "results/train/smoke/distill/seed0/teacher"
+    students = work / "results/models/smoke/students/seed0/teacher"
 
     for placement in PLACEMENTS:
         converted = load_file(students / f"{placement}-gdn" / "model.safetensors")
@@ -39,7 +39,13 @@ def test_distillation_and_perplexity_table_at_smoke(smoke_workdir):
         assert spec["extra"]["placement"] == placement and spec["extra"]["distill_stage2"]["steps"] == 6
 
     table = pl.read_parquet(work / "results/eval/smoke/perplexity.parquet")
-    assert table.columns == ["model", "teacher", "placement", "mixer", "lang", "n_tokens", "ce", "ppl", "kl"]
+    assert table.columns == ["model", "teacher", "placement", "mixer", "seed", "lang", "n_tokens", "ce", "ppl", "kl"]
+    assert table["seed"].drop_nulls().unique().to_list() == [0]  # smoke: one replicate seed
+    rows = pl.read_parquet(work / "results/eval/smoke/perplexity_rows.parquet")
+    # per-row CE: the token-weighted mean of a model's rows of one language is that language's CE
+    fr = rows.filter((pl.col("placement") == "sandwich") & (pl.col("lang") == "eng_Latn"))
+    ref = table.filter((pl.col("placement") == "sandwich") & (pl.col("lang") == "eng_Latn"))["ce"][0]
+    assert (fr["ce"] * fr["n_tokens"]).sum() / fr["n_tokens"].sum() == pytest.approx(ref)
     assert table["model"].n_unique() == 6 and set(table["placement"].drop_nulls()) == set(PLACEMENTS)
     langs = set(table["lang"])
     assert {"all", "eng_Latn", "tel_Telu"} <= langs

@@ -99,7 +99,7 @@ def test_paper_dag_builds_one_mixture_per_tokenizer_and_routes_teachers():
             teacher = _arg(b, "--teacher").split("/")[-1]
             assert _arg(b, "--mixture") == f"results/data/paper/mixture/{own[teacher]}/multilingual", b[:300]
             n += teacher == GRANITE
-    assert n == 10  # 5 placements x 1 mixer x 2 stages
+    assert n == 30  # 5 placements x 1 mixer x 3 seeds x 2 stages
     assert all(_arg(b, "--mixture") == "results/data/paper/mixture/qwen3/english" for b in jobs["bld_nl"])
     (lm,) = jobs["eval_lm_benchmarks"]
     models = re.search(r"--models (.*?) --tokenizer", lm).group(1).split()

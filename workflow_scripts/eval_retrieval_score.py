@@ -4,8 +4,8 @@ For each arm directory (`--arms`), reads `score_checkpoints/index.json` (written
 loads each checkpoint and scores every layer on A/B pairs built from the test split
 (`hybridlab.eval.retrieval_score`) at the positions of params `positions` ("answer_predicting",
 the study's definition and the default, or "all_answer"). Writes one tidy parquet with columns
-arm, step, fraction, long_gap_fraction, layer, layer_type, gap, positions, score, n, items,
-margin_clean, margin_patched, margin_b.
+arm, seed (the replicate seed of the arm's run), step, fraction, long_gap_fraction, layer, layer_type, gap,
+positions, score, n, items, margin_clean, margin_patched, margin_b.
 """
 
 import json
@@ -51,19 +51,20 @@ def main() -> None:
                                     min_denominator=params["min_denominator"],
                                     positions=params.get("positions", "answer_predicting"))
             frames.append(rows.with_columns(
-                pl.lit(index["arm"]).alias("arm"), pl.lit(ck["step"], pl.Int64).alias("step"),
+                pl.lit(index["arm"]).alias("arm"), pl.lit(index.get("seed"), pl.Int64).alias("seed"),
+                pl.lit(ck["step"], pl.Int64).alias("step"),
                 pl.lit(ck["fraction"], pl.Float64).alias("fraction"),
                 pl.lit(index["long_gap_fraction"], pl.Float64).alias("long_gap_fraction")))
             defined = rows.filter(pl.col("score").is_not_nan())
             if defined.is_empty():
-                print(f"{index['arm']} step {ck['step']}: score undefined (the model does not tell A from B yet)")
+                print(f"{index['arm']} seed {index.get('seed')} step {ck['step']}: score undefined (the model does not tell A from B yet)")
             else:
                 best = defined.sort("score", descending=True).row(0, named=True)
-                print(f"{index['arm']} step {ck['step']}: top layer {best['layer']} ({best['layer_type']}, "
+                print(f"{index['arm']} seed {index.get('seed')} step {ck['step']}: top layer {best['layer']} ({best['layer_type']}, "
                       f"gap {best['gap']}) score {best['score']:.3f}")
-    first = ["arm", "step", "fraction", "long_gap_fraction"]
+    first = ["arm", "seed", "step", "fraction", "long_gap_fraction"]
     table = pl.concat(frames).select(first + [c for c in frames[0].columns if c not in first])
-    table = table.sort(["arm", "step", "gap", "layer"])
+    table = table.sort(["arm", "seed", "step", "gap", "layer"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -117,12 +117,12 @@ def main() -> None:
     metrics = srt.add_accuracy_columns(pl.read_parquet(result.metrics_path), gaps)
     metrics.write_parquet(tmp / "metrics.parquet")
     shutil.copytree(work / "score_checkpoints", tmp / "score_checkpoints")
-    index = {"arm": arm.name, "total_steps": steps, "long_gap_fraction": arm.long_gap_fraction,
+    index = {"arm": arm.name, "seed": seed, "total_steps": steps, "long_gap_fraction": arm.long_gap_fraction,
              "freeze_windows": plan.windows, "checkpoints": [
                  {"step": s, "fraction": s / steps, "path": f"score_checkpoints/{ckpt.path(s).name}"}
                  for s in score_at]}
     (tmp / "score_checkpoints" / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
-    summary = {"arm": arm.name, "parameters": n_params, "steps": result.step, "tokens": result.tokens,
+    summary = {"arm": arm.name, "seed": seed, "parameters": n_params, "steps": result.step, "tokens": result.tokens,
                "layer_types": model.hybridlab_spec.layer_types, "freeze_windows": plan.windows,
                "freeze_scope": arm.freeze.scope, "recurrent_layers": plan.recurrent_layers,
                "optimizer_switch_step": plan.optimizer_switch_step,

@@ -143,10 +143,42 @@ def _check_meaning(config: dict) -> None:
                     f"giving 1..{t['num_hidden_layers']}")
 
 
+SEEDED_EXPERIMENTS = ("distill", "bld_sr", "bld_nl")
+
+
+def _check_seeds(config: dict) -> None:
+    """`experiments.<name>.seeds` (and preset overrides): a non-empty list of distinct integers >= 0.
+
+    Checked before the schema so a bad value gets a message with the fix, not a generic schema error."""
+    places = [(f"experiments.{name}", (config.get("experiments") or {}).get(name)) for name in SEEDED_EXPERIMENTS]
+    for scale, preset in (config.get("presets") or {}).items():
+        over = (preset or {}).get("experiments") if isinstance(preset, dict) else None
+        places += [(f"presets.{scale}.experiments.{name}", (over or {}).get(name)) for name in SEEDED_EXPERIMENTS]
+    for where, exp in places:
+        if not isinstance(exp, dict) or "seeds" not in exp:
+            continue
+        seeds = exp["seeds"]
+        fix = "give a non-empty list of distinct integers >= 0, e.g. seeds: [0, 1, 2]"
+        if not isinstance(seeds, list) or not seeds:
+            raise HybridlabError(f"config: {where}.seeds = {seeds!r} is not a non-empty list; {fix}")
+        bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+        if bad:
+            raise HybridlabError(f"config: {where}.seeds has {bad[0]!r}, not an integer >= 0; {fix}")
+        dup = sorted({s for s in seeds if seeds.count(s) > 1})
+        if dup:
+            raise HybridlabError(f"config: {where}.seeds lists seed {dup[0]} twice (replicates must differ); {fix}")
+
+
+def experiment_seeds(cfg: dict, name: str) -> list[int]:
+    """Replicate seeds of experiment `name` in a resolved view (`resolve`): its `seeds`, else [cfg["seed"]]."""
+    return list(cfg["experiments"][name].get("seeds") or [cfg["seed"]])
+
+
 def validate(config: dict) -> dict:
     """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it."""
     if not isinstance(config, dict) or not config:
         raise HybridlabError("config: empty or not a mapping; start from the repository's config.yaml")
+    _check_seeds(config)
     _check_structure(config)
     _check_meaning(config)
     return config

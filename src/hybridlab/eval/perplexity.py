@@ -56,13 +56,14 @@ def token_kl(teacher_logits_BTV: torch.Tensor, student_logits_BTV: torch.Tensor)
 def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, ids_BT: torch.Tensor, chunk_tokens: int,
                     vocab_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it."""
+    from hybridlab.data.packing import split_batch
     from hybridlab.train.losses import token_kl_chunked, token_nll_chunked
     from hybridlab.train.tasks import logits_side, next_token_labels
 
     # Every position is scored (the last against a dummy target) and then dropped: no side is sliced.
     side = logits_side(model, ids_BT, use_cache=False)
-    if isinstance(side, torch.Tensor) and side.shape[:2] != ids_BT.shape:
-        raise HybridlabError(f"logits {tuple(side.shape)} do not match input ids {tuple(ids_BT.shape)}")
+    if isinstance(side, torch.Tensor) and side.shape[:2] != split_batch(ids_BT)[0].shape:
+        raise HybridlabError(f"logits {tuple(side.shape)} do not match input ids {tuple(split_batch(ids_BT)[0].shape)}")
     nll_BT = token_nll_chunked(side, next_token_labels(ids_BT, ignore_index=0), chunk_tokens, vocab_chunk)
     if teacher is None:
         return nll_BT[:, :-1].float(), None
@@ -73,17 +74,26 @@ def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, ids_BT: torch.T
 def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequence[str], *,
                         model_name: str, teacher: nn.Module | None = None, pad_id: int | None = None,
                         batch_size: int = 8, device: str | torch.device | None = None, chunk_tokens: int = 1024,
-                        vocab_chunk: int | None = None) -> pl.DataFrame:
+                        vocab_chunk: int | None = None, per_row: list | None = None) -> pl.DataFrame:
     """Tidy rows (model, lang, n_tokens, ce, ppl, kl) over packed rows [N, T]; kl is null without a teacher.
+
+    ``input_ids`` may be ``hybridlab.data.packing.Documents``: both models then run document-masked and
+    only positions whose successor lies in their own document are scored (CE and KL alike).
+
+    `per_row` (a list) receives one dict per input row: row (its index), lang, n_tokens, ce and kl (that
+    row's token means; kl None without a teacher), the units of the bootstrap CIs and paired tests.
 
     Transformers causal LMs are scored from their final hidden states chunk by chunk
     (`hybridlab.train.tasks.logits_side`, `chunk_tokens` rows x `vocab_chunk` columns of logits at a
     time), so no `[B, T, V]` tensor is built; other modules' full logits are scored as given.
     """
-    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
-        raise HybridlabError(f"input_ids must be [N, T] with T >= 2, got {tuple(input_ids.shape)}")
-    if len(langs) != input_ids.shape[0]:
-        raise HybridlabError(f"{len(langs)} languages for {input_ids.shape[0]} rows; pass one lang per row")
+    from hybridlab.data.packing import batch_rows, batch_to, in_document_targets, split_batch
+
+    rows_NT = split_batch(input_ids)[0]
+    if rows_NT.dim() != 2 or rows_NT.shape[1] < 2:
+        raise HybridlabError(f"input_ids must be [N, T] with T >= 2, got {tuple(rows_NT.shape)}")
+    if len(langs) != rows_NT.shape[0]:
+        raise HybridlabError(f"{len(langs)} languages for {rows_NT.shape[0]} rows; pass one lang per row")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     nll_sum: dict[str, float] = {}
     kl_sum: dict[str, float] = {}
@@ -93,18 +103,25 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
     for m in models:
         m.eval()
     try:
-        for b0 in range(0, input_ids.shape[0], batch_size):
-            ids_BT = input_ids[b0:b0 + batch_size].to(dev)
+        for b0 in range(0, rows_NT.shape[0], batch_size):
+            batch = batch_to(batch_rows(input_ids, b0, b0 + batch_size), dev)
+            ids_BT = split_batch(batch)[0]
             # no_grad, not inference_mode: inside a sharded run FSDP's gathered parameters would become
             # inference tensors, which the training step's next all-gather may not write into.
             with torch.no_grad():
-                nll_BT, kl_BT = _chunked_nll_kl(model, teacher, ids_BT, chunk_tokens, vocab_chunk)
+                nll_BT, kl_BT = _chunked_nll_kl(model, teacher, batch, chunk_tokens, vocab_chunk)
             keep_BT = (ids_BT[:, 1:] != pad_id) if pad_id is not None else torch.ones_like(nll_BT, dtype=torch.bool)
+            keep_BT = keep_BT & in_document_targets(batch)[:, :-1]
             for r, lang in enumerate(langs[b0:b0 + batch_size]):
-                nll_sum[lang] = nll_sum.get(lang, 0.0) + float(nll_BT[r][keep_BT[r]].double().sum())
-                count[lang] = count.get(lang, 0) + int(keep_BT[r].sum())
+                row_nll, row_n = float(nll_BT[r][keep_BT[r]].double().sum()), int(keep_BT[r].sum())
+                row_kl = float(kl_BT[r][keep_BT[r]].double().sum()) if kl_BT is not None else None
+                nll_sum[lang] = nll_sum.get(lang, 0.0) + row_nll
+                count[lang] = count.get(lang, 0) + row_n
                 if kl_BT is not None:
-                    kl_sum[lang] = kl_sum.get(lang, 0.0) + float(kl_BT[r][keep_BT[r]].double().sum())
+                    kl_sum[lang] = kl_sum.get(lang, 0.0) + row_kl
+                if per_row is not None and row_n:
+                    per_row.append({"row": b0 + r, "lang": lang, "n_tokens": row_n, "ce": row_nll / row_n,
+                                    "kl": None if row_kl is None else row_kl / row_n})
     finally:
         for m, mode in zip(models, modes):
             m.train(mode)

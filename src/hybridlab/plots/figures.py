@@ -64,11 +64,25 @@ def require(df: pl.DataFrame, columns, table: str) -> pl.DataFrame:
     return df
 
 
+def split_seed(label: str) -> tuple[str, int | None]:
+    """A run label `seed<N>/<run>` -> (run, N); a label without the prefix -> (label, None)."""
+    head, sep, rest = label.partition("/")
+    if sep and head.startswith("seed") and head[4:].isdigit():
+        return rest, int(head[4:])
+    return label, None
+
+
 def concat_runs(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """Rows of every run's metrics with a `run` column; columns missing in a run are null there."""
+    """Rows of every run's metrics with `run` and `seed` columns; columns missing in a run are null there.
+
+    A label `seed<N>/<run>` (the rules' form: one run per arm x replicate seed) gives run `<run>`, seed N;
+    a label without the prefix has a null seed."""
     if not frames:
         raise HybridlabError("no metrics files given; pass at least one run")
-    parts = [df.with_columns(pl.lit(run).alias("run")) for run, df in sorted(frames.items())]
+    parts = []
+    for label, df in sorted(frames.items()):
+        run, seed = split_seed(label)
+        parts.append(df.with_columns(pl.lit(run).alias("run"), pl.lit(seed, pl.Int64).alias("seed")))
     return pl.concat(parts, how="diagonal_relaxed")
 
 
