@@ -47,11 +47,10 @@ def teacher_tok(teacher):
 
 
 BLD_NL_TOK = TOK_PLAN["bld_nl"]
-if DATA.get("packing", {}).get("document_mask"):
-    # The mixtures store per-row document starts (doc_starts.npy); no model forward consumes them yet.
-    print(f"error: config: presets.{SCALE}.data.packing.document_mask: true is not wired into the model forwards "
-          "yet (the mixtures carry doc_starts.npy; see hybridlab.data.packing); set it to false", file=sys.stderr)
-    sys.exit(1)
+# data.packing.document_mask: training and held-out evaluation keep attention and recurrent state inside
+# each packed document (the mixtures' doc_starts.npy). Only a true value enters a job's params, so the
+# default leaves existing runs' params (and their outputs) as they are.
+DOCUMENT_MASK = {"document_mask": True} if DATA.get("packing", {}).get("document_mask") else {}
 # Every mixture the DAG builds: a multilingual one per teacher tokenizer, an English one for BLD-NL's.
 MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]] + [(t, "english") for t in TOK_PLAN["english"]]
 SR_SPLITS = ["train", "val", "test"]

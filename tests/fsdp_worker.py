@@ -36,6 +36,14 @@ def qwen(seed=0, layers=2):
     return Qwen3ForCausalLM(cfg)
 
 
+class _Rows(list):
+    """A list of rows with the `langs` a held-out split has."""
+
+    @property
+    def langs(self):
+        return ["eng_Latn", "fra_Latn"][:len(self)]
+
+
 def _eval(model, step):
     """A forward under no_grad through the sharded model (as the held-out curves do)."""
     ids = torch.arange(T).reshape(1, T) % V
@@ -55,18 +63,26 @@ def run(scenario, out, kill_at):
         hooks.append(FreezeSchedule(r"\.mlp\.", [(0, 2)]))
     elif scenario == "bf16":
         base.update(precision="bf16")
-    elif scenario in ("stage1", "stage2", "stage2_shard"):  # distillation of a converted GDN hybrid
+    elif scenario in ("stage1", "stage2", "stage2_shard", "stage2_docs"):  # distillation of a converted GDN hybrid
         teacher = distill.freeze(qwen(seed=5))
         if scenario == "stage2_shard":  # the frozen teacher FSDP-sharded too (replicated on 1 process)
             teacher = Frozen(teacher, init_distributed("cpu"), shard=True)
         torch.manual_seed(3)
         model = convert_to_hybrid(qwen(seed=5), [1], "gdn")
         data = [row[:T] for row in data]
+        if scenario == "stage2_docs":  # data.packing.document_mask: three packed documents per row
+            from hybridlab.data.packing import Documents, position_ids
+
+            pos = torch.from_numpy(position_ids([0, 5, 11], T))
+            data = [Documents(row, pos) for row in data]
         if scenario == "stage1":
             distill.freeze_all_but_mixers(model)
             task = distill.Stage1Task(teacher, model, inputs="teacher")
         else:
             task = distill.Stage2Task(teacher, chunk_tokens=8)
+        if scenario == "stage2_docs":  # held-out curves document-masked too, as distill.py's eval_fn
+            rows, langs = distill.heldout_rows(_Rows(data[:2]), None), ["eng_Latn", "fra_Latn"]
+            evaluate = lambda m, step: distill.heldout_curve_metrics(m, teacher, rows[0], langs, batch_size=2)
         if scenario == "stage2_shard":  # held-out curves with the sharded teacher, as distill.py's eval_fn
             ids, langs = torch.stack(data[:2]), ["eng_Latn", "fra_Latn"]
             evaluate = lambda m, step: distill.heldout_curve_metrics(m, teacher, ids, langs, batch_size=2)

@@ -30,7 +30,7 @@ def _env():
     return env
 
 
-SCENARIOS = ["lm", "bf16", "stage1", "stage2", "stage2_shard", "switch", "freeze"]
+SCENARIOS = ["lm", "bf16", "stage1", "stage2", "stage2_shard", "stage2_docs", "switch", "freeze"]
 
 
 def launch(nproc, root, *scenarios, kill_at=None, ok=True):
@@ -70,7 +70,7 @@ def test_launcher_is_plain_python_for_one_process_and_torchrun_for_more():
 
 
 @pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 1e-5), ("stage1", 1e-5), ("stage2", 1e-5), ("stage2_shard", 1e-5),
-                                           ("switch", 1e-3)])
+                                           ("stage2_docs", 1e-5), ("switch", 1e-3)])
 def test_two_processes_match_one(runs, scenario, tol):
     one, two = runs(scenario)
     a, b = losses(one), losses(two)
@@ -84,6 +84,13 @@ def test_two_processes_match_one(runs, scenario, tol):
     # Checkpoints are DCP shards: one data file per rank.
     ckpt = list_checkpoints(two / "checkpoints")[-1][1]
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_document_masked_distillation_trains_on_its_own_context(runs):
+    """stage2_docs: the same run as stage2 on Documents rows; masking changes the losses and the eval."""
+    docs, plain = runs("stage2_docs")[1], runs("stage2")[1]
+    assert abs(losses(docs)[0] - losses(plain)[0]) > 1e-4
+    assert "eval/ce" in pl.read_parquet(docs / "metrics.parquet").columns
 
 
 def test_a_sharded_teacher_gives_the_replicated_teachers_run(runs):

@@ -50,8 +50,9 @@ def main() -> None:
 
     run = dict(params[f"stage{args.stage}"])
     epochs = run.pop("epochs", None)
-    train_set = PackedDataset(args.mixture, "train")
-    val_set = PackedDataset(args.mixture, "val")
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_set = PackedDataset(args.mixture, "train", documents=docs)
+    val_set = PackedDataset(args.mixture, "val", documents=docs)
     seq_len = train_set.seq_len
     every = {k: distill.eval_interval_steps(params[f"{k}_every_tokens"], run["micro_batch_size"],
                                             run.get("grad_accum", 1), seq_len) for k in ("eval", "ckpt")}

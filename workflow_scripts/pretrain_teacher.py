@@ -38,8 +38,9 @@ def main() -> None:
     run = dict(params["train"])
     eval_rows = run.pop("eval_rows_per_language", 8)
     epochs = run.pop("epochs", None)
-    train_set = PackedDataset(args.mixture, "train")
-    val_set = PackedDataset(args.mixture, "val")
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_set = PackedDataset(args.mixture, "train", documents=docs)
+    val_set = PackedDataset(args.mixture, "val", documents=docs)
     seq_len = train_set.seq_len
 
     torch.manual_seed(params["seed"])

@@ -43,11 +43,12 @@ def main() -> None:
     arm = bld_nl.NLArm(**params["arm"])
     run, exp, seed = params["run"], params["experiment"], params["seed"]
     tok = load_tokenizer(args.tokenizer)
-    train_rows = PackedDataset(args.mixture, "train")
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_rows = PackedDataset(args.mixture, "train", documents=docs)
     k = bld_nl.rows_per_sequence(run["context_len"], train_rows.seq_len)
     check_row_blocks(train_rows, k, f"bld_nl {arm.name}")
     train_set = bld_nl.JoinedRows(train_rows, k)
-    val_set = bld_nl.JoinedRows(PackedDataset(args.mixture, "val"), k)
+    val_set = bld_nl.JoinedRows(PackedDataset(args.mixture, "val", documents=docs), k)
 
     model = bld_nl.build_nope_hybrid(params["shape"], pattern=exp["pattern"], mixer=arm.mixer,
                                      vocab_size=len(tok), context_len=run["context_len"],

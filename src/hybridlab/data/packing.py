@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -424,14 +425,63 @@ def read_stats(out_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+class Documents(NamedTuple):
+    """Packed rows with per-document positions: the input of a document-masked forward.
+
+    ``position_ids`` restart at 0 at every document start; transformers turns them into a block-diagonal
+    causal mask and the hybrids' mixers into state resets (``hybridlab.models.convert.packed_documents``).
+    Collates with ``default_collate`` and moves with the training loop's device transfer like a tuple.
+    """
+
+    input_ids: torch.Tensor  # [..., T]
+    position_ids: torch.Tensor  # [..., T]
+
+
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(input ids, position ids or None) of a plain id tensor or a :class:`Documents` batch."""
+    if isinstance(batch, Documents):
+        return batch.input_ids, batch.position_ids
+    return batch, None
+
+
+def batch_rows(batch, start: int, stop: int):
+    """Rows ``start:stop`` of a plain id tensor or a :class:`Documents` batch."""
+    if isinstance(batch, Documents):
+        return Documents(batch.input_ids[start:stop], batch.position_ids[start:stop])
+    return batch[start:stop]
+
+
+def batch_to(batch, device):
+    """A plain id tensor or a :class:`Documents` batch on ``device``."""
+    if isinstance(batch, Documents):
+        return Documents(batch.input_ids.to(device), batch.position_ids.to(device))
+    return batch.to(device)
+
+
+def in_document_targets(batch) -> torch.Tensor:
+    """Bool ``[B, T]``: position t has a successor in its own document (so next-token losses score it).
+
+    Plain rows: every position but the last. Documents: also not the last token of each document (its
+    successor begins the next document, which the masked forward keeps out of its context).
+    """
+    ids, pos = split_batch(batch)
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    keep[..., -1] = False
+    if pos is not None:
+        keep[..., :-1] &= pos[..., 1:] != 0
+    return keep
+
+
 class PackedDataset(torch.utils.data.Dataset):
     """Rows of one split (optionally one language) of a packed mixture, as int64 LongTensors [seq_len].
 
-    `doc_starts(i)` gives the positions where a document starts in row i (for document masking);
-    `block_rows` how many consecutive rows of one stream the packer kept together.
+    With ``documents=True`` an item is :class:`Documents` (the row and its per-document positions, from
+    the mixture's document starts) for document-masked training. `doc_starts(i)` gives the positions
+    where a document starts in row i; `block_rows` how many consecutive rows of one stream the packer
+    kept together.
     """
 
-    def __init__(self, out_dir: str | Path, split: str, lang: str | None = None):
+    def __init__(self, out_dir: str | Path, split: str, lang: str | None = None, documents: bool = False):
         out = Path(out_dir)
         for name in ("tokens.npy", "meta.parquet"):
             if not (out / name).is_file():
@@ -453,12 +503,19 @@ class PackedDataset(torch.utils.data.Dataset):
         if (out / "doc_starts.npy").is_file() and (out / "doc_offsets.npy").is_file():
             self._starts = np.load(out / "doc_starts.npy", mmap_mode="r")
             self._offsets = np.load(out / "doc_offsets.npy", mmap_mode="r")
+        elif documents:
+            raise HybridlabError(f"packed data: {out} has no doc_starts.npy/doc_offsets.npy, which "
+                                 "data.packing.document_mask needs; repack the mixture")
+        self.documents = documents
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.tokens[self.rows[i]], dtype=np.int64))
+    def __getitem__(self, i: int):
+        ids = torch.from_numpy(np.asarray(self.tokens[self.rows[i]], dtype=np.int64))
+        if not self.documents:
+            return ids
+        return Documents(ids, torch.from_numpy(position_ids(self.doc_starts(i), self.seq_len)))
 
     def doc_starts(self, i: int) -> np.ndarray:
         """Positions (int64, ascending) at which a document starts inside row i of this split."""

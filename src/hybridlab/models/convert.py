@@ -95,10 +95,17 @@ class HybridSpec:
 
 
 class PaddingContext:
-    """The current forward's 2D padding mask ([B, S], 1 real / 0 pad; None = no padding), shared by all mixers."""
+    """The current forward's 2D padding mask ([B, S], 1 real / 0 pad; None = no padding), shared by all mixers.
+
+    Also its packed documents (``documents_BS``, one id per position; None = one sequence per row), derived
+    exactly as transformers derives the block-diagonal attention mask from ``position_ids``, so the mixers
+    and the attention layers of one hybrid cut at the same positions.
+    """
 
     def __init__(self):
         self.mask_BS: torch.Tensor | None = None
+        self.documents_BS: torch.Tensor | None = None
+        self.active = False  # inside a decoder-stack forward (the hooks below set it)
 
     def mask_for(self, num_tokens: int) -> torch.Tensor | None:
         if self.mask_BS is None:
@@ -109,6 +116,28 @@ class PaddingContext:
                 "pass a [batch, past + new tokens] mask"
             )
         return self.mask_BS[:, -num_tokens:]
+
+    def documents_for(self, num_tokens: int) -> torch.Tensor | None:
+        if self.documents_BS is None:
+            return None
+        if self.documents_BS.shape[1] != num_tokens:
+            raise HybridlabError(f"position_ids cover {self.documents_BS.shape[1]} positions but the input has "
+                                 f"{num_tokens}; pass one position per input token")
+        return self.documents_BS
+
+
+def packed_documents(position_ids: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:
+    """Document ids from packed ``position_ids`` (a new document wherever the position does not grow by 1).
+
+    The rule of transformers' ``find_packed_sequence_indices`` (which turns the same ``position_ids``
+    into the block-diagonal causal mask of the attention layers); None when every row is one sequence.
+    """
+    if position_ids is None or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2:
+        return None
+    pos = position_ids.expand(batch_size, -1) if position_ids.shape[0] != batch_size else position_ids
+    step = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    docs = (step != 1).cumsum(-1)
+    return None if bool((docs[:, -1] == 0).all()) else docs
 
 
 class CapturePaddingMask:
@@ -129,10 +158,27 @@ class CapturePaddingMask:
             )
         # An all-ones mask means no padding; None lets the mixers take their unmasked path.
         self.context.mask_BS = None if mask is None or bool(mask.all()) else mask
+        self.context.documents_BS = None
+        self.context.active = True
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        batch = (ids if ids is not None else embeds).shape[0] if (ids is not None or embeds is not None) else None
+        docs = packed_documents(kwargs.get("position_ids"), batch) if batch is not None else None
+        if docs is not None and mask is None:
+            # transformers packs only without a 2D mask and without a cache; the mixers follow it exactly
+            use_cache = kwargs.get("use_cache")
+            if use_cache is None:
+                use_cache = getattr(getattr(module, "config", None), "use_cache", False)
+            if kwargs.get("past_key_values") is not None or kwargs.get("cache") is not None or use_cache:
+                raise HybridlabError("packed position_ids (restarting per document) need use_cache=False and no "
+                                     "cache: transformers ignores the packing when it builds a cache")
+            self.context.documents_BS = docs
         return None
 
     def post(self, module, args, kwargs, output):
         self.context.mask_BS = None
+        self.context.documents_BS = None
+        self.context.active = False
         return None
 
 
@@ -160,10 +206,17 @@ class MixerAttention(nn.Module):
             attention_mask_BT=mask_BT,
             state=slot.state if slot is not None else None,
             use_cache=slot is not None,
+            document_ids_BT=self._documents(num_tokens, hidden_states.shape[0], kwargs.get("position_ids")),
         )
         if slot is not None:
             slot.update_state(state, num_tokens)
         return y_BTD, None
+
+    def _documents(self, num_tokens: int, batch: int, position_ids) -> torch.Tensor | None:
+        """Inside a decoder forward the stack's (transformers') packing decides; called alone, position_ids."""
+        if self.padding.active:
+            return self.padding.documents_for(num_tokens)
+        return packed_documents(position_ids, batch)
 
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}, kind={self.kind!r}"

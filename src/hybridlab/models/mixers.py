@@ -27,6 +27,14 @@ zero conv inputs, ``k = v = 0``, log-decay 0 (decay 1) and ``beta = 0``, so they
 real positions nor the state; their outputs are zero. The returned conv state holds the last
 ``conv_size - 1`` *real* inputs of each row, so decoding can continue after right padding too.
 
+Documents (``document_ids_BT``, an integer id per position, equal within one document and changing
+at each document start, as transformers' packed-sequence detection derives from ``position_ids``):
+nothing crosses a document boundary. The short convolutions see zeros before a document's first
+token, and the recurrence restarts from a zero state at it: the ``[B, T]`` batch is flattened to one
+row split at fla's ``cu_seqlens`` (fla's varlen kernels on CUDA; padded per-document rows on CPU,
+see ``ops.common.varlen_cpu``). Each document's outputs therefore equal those of the document run
+alone. Not combinable with a decoding state.
+
 Decoding: pass the :class:`MixerState` of the previous call; the module continues from it for any
 ``T >= 1`` (token-by-token recurrence for short inputs without autograd, the chunked op otherwise).
 """
@@ -99,16 +107,30 @@ class ShortConvolution(nn.Conv1d):
         self.weight.zero_()
         self.weight[..., -1] = 1.0
 
-    def forward(self, x_BTD: Tensor, cache_BWD: Tensor | None, mask_BT: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(self, x_BTD: Tensor, cache_BWD: Tensor | None, mask_BT: Tensor | None,
+                docs_BT: Tensor | None = None) -> tuple[Tensor, Tensor]:
         B, T, D = x_BTD.shape
         W = self.kernel_size[0]
         if mask_BT is not None:
             x_BTD = x_BTD * mask_BT[..., None]
+        if docs_BT is not None:
+            return F.silu(self._within_documents(x_BTD, docs_BT)), x_BTD[:, max(T - (W - 1), 0):]
         if cache_BWD is None:
             cache_BWD = x_BTD.new_zeros(B, W - 1, D)
         xin_BLD = torch.cat([cache_BWD.to(x_BTD.dtype), x_BTD], dim=1)
         y_BTD = F.conv1d(xin_BLD.transpose(1, 2), self.weight, self.bias, groups=D).transpose(1, 2)
         return F.silu(y_BTD), _last_real_window(xin_BLD, mask_BT, W - 1)
+
+
+    def _within_documents(self, x_BTD: Tensor, docs_BT: Tensor) -> Tensor:
+        """The causal convolution with every tap that reaches into an earlier document zeroed."""
+        W = self.kernel_size[0]
+        y_BTD = x_BTD * self.weight[:, 0, W - 1]
+        for lag in range(1, min(W, x_BTD.shape[1])):
+            same_BT = docs_BT[:, lag:] == docs_BT[:, :-lag]  # position t and t - lag in one document
+            tap = x_BTD[:, :-lag] * (same_BT[..., None] * self.weight[:, 0, W - 1 - lag])
+            y_BTD = y_BTD + F.pad(tap, (0, 0, lag, 0))
+        return y_BTD
 
 
 def _last_real_window(xin_BLD: Tensor, mask_BT: Tensor | None, width: int) -> Tensor:
@@ -121,6 +143,11 @@ def _last_real_window(xin_BLD: Tensor, mask_BT: Tensor | None, width: int) -> Te
     last_B = torch.where(mask_BT > 0, positions, -1).amax(dim=1) + width
     idx_BW = last_B[:, None] + torch.arange(1 - width, 1, device=mask_BT.device)
     return torch.gather(xin_BLD, 1, idx_BW[..., None].expand(-1, -1, xin_BLD.shape[-1]))
+
+
+def _varlen(cu_seqlens: Tensor | None) -> dict:
+    """The op keyword for the variable-length form (only the chunked ops take it)."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 
 def _f32(x: Tensor) -> Tensor:
@@ -178,8 +205,10 @@ class RecurrentMixer(nn.Module, ABC):
         """Log-decay ``g`` (``[B, T, H]`` or ``[B, T, H, K]``) and ``beta [B, T, H]`` (None for GLA)."""
 
     @abstractmethod
-    def mix(self, q, k, v, g, beta, initial_state, recurrent: bool) -> tuple[Tensor, Tensor]:
-        """Run the recurrent op (token-by-token if ``recurrent``); returns ``o [B, T, H, V]`` and the final state."""
+    def mix(self, q, k, v, g, beta, initial_state, recurrent: bool, cu_seqlens=None) -> tuple[Tensor, Tensor]:
+        """Run the recurrent op (token-by-token if ``recurrent``); returns ``o [B, T, H, V]`` and the final state.
+
+        ``cu_seqlens`` (with ``B = 1`` inputs) selects the chunked op's variable-length form."""
 
     @abstractmethod
     def output_norm(self, o_BTHV: Tensor, x_BTD: Tensor) -> Tensor:
@@ -210,8 +239,15 @@ class RecurrentMixer(nn.Module, ABC):
         attention_mask_BT: Tensor | None = None,
         state: MixerState | None = None,
         use_cache: bool = False,
+        document_ids_BT: Tensor | None = None,
     ) -> tuple[Tensor, MixerState | None]:
         self._check(x_BTD, attention_mask_BT, state)
+        docs = document_ids_BT
+        if docs is not None and (state is not None or use_cache):
+            raise HybridlabError(f"{self.cfg.kind} mixer (layer {self.layer_idx}): document_ids_BT cannot be combined "
+                                 "with a decoding state or use_cache; run packed documents with use_cache=False")
+        if docs is not None and tuple(docs.shape) != tuple(x_BTD.shape[:2]):
+            raise HybridlabError(f"document_ids_BT must be [B, T] = {tuple(x_BTD.shape[:2])}, got {tuple(docs.shape)}")
         B, T, _ = x_BTD.shape
         H, K, V = self.cfg.num_heads, self.cfg.head_k_dim, self.cfg.head_v_dim
         mask_BT = None if attention_mask_BT is None else attention_mask_BT.to(x_BTD.dtype)
@@ -219,9 +255,9 @@ class RecurrentMixer(nn.Module, ABC):
         conv_states: tuple[Tensor | None, ...] = (None, None, None)
         if self.cfg.use_short_conv:
             old = state.conv_states if state is not None else (None, None, None)
-            q, cq = self.q_conv1d(q, old[0], mask_BT)
-            k, ck = self.k_conv1d(k, old[1], mask_BT)
-            v, cv = self.v_conv1d(v, old[2], mask_BT)
+            q, cq = self.q_conv1d(q, old[0], mask_BT, docs)
+            k, ck = self.k_conv1d(k, old[1], mask_BT, docs)
+            v, cv = self.v_conv1d(v, old[2], mask_BT, docs)
             conv_states = (cq, ck, cv)
         elif self.silu_without_conv:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
@@ -231,15 +267,30 @@ class RecurrentMixer(nn.Module, ABC):
             g = g * (mask_BT[..., None] if g.dim() == 3 else mask_BT[..., None, None])
             beta = None if beta is None else beta * mask_BT[..., None]
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
-        recurrent = T <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
-        initial = None if state is None else state.recurrent_BHKV
-        o_BTHV, final_BHKV = self.mix(q, k, v, g, beta, initial, recurrent)
+        if docs is not None:
+            o_BTHV, final_BHKV = self._mix_documents(q, k, v, g, beta, docs)
+        else:
+            recurrent = T <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
+            initial = None if state is None else state.recurrent_BHKV
+            o_BTHV, final_BHKV = self.mix(q, k, v, g, beta, initial, recurrent)
         o_BTHV = o_BTHV.to(q.dtype)  # the CPU ops accumulate in fp32; fla returns the inputs' dtype, so do we
         y_BTD = self.o_proj(self.output_norm(o_BTHV, x_BTD).reshape(B, T, self.value_dim))
         if mask_BT is not None:
             y_BTD = y_BTD * mask_BT[..., None]
         new_state = MixerState(conv_states, final_BHKV) if use_cache else None
         return y_BTD, new_state
+
+
+    def _mix_documents(self, q, k, v, g, beta, docs_BT):
+        """The chunked op over ``[1, B*T]`` split at every row start and document start (fla's cu_seqlens)."""
+        B, T = docs_BT.shape
+        starts_BT = torch.ones_like(docs_BT, dtype=torch.bool)
+        starts_BT[:, 1:] = docs_BT[:, 1:] != docs_BT[:, :-1]
+        total = torch.tensor([B * T], device=docs_BT.device)
+        cu = torch.cat([starts_BT.reshape(-1).nonzero().reshape(-1), total])
+        flat = [None if x is None else x.reshape(1, B * T, *x.shape[2:]) for x in (q, k, v, g, beta)]
+        o, _ = self.mix(*flat, None, False, cu_seqlens=cu)
+        return o.reshape(B, T, *o.shape[2:]), None
 
 
 class GatedDeltaNetMixer(RecurrentMixer):
@@ -261,10 +312,10 @@ class GatedDeltaNetMixer(RecurrentMixer):
         g = -_f32(self.A_log).exp() * F.softplus(_f32(self.a_proj(x_BTD)) + _f32(self.dt_bias))
         return g, torch.sigmoid(_f32(self.b_proj(x_BTD)))
 
-    def mix(self, q, k, v, g, beta, initial_state, recurrent):
+    def mix(self, q, k, v, g, beta, initial_state, recurrent, cu_seqlens=None):
         op = ops.fused_recurrent_gated_delta_rule if recurrent else ops.chunk_gated_delta_rule
         return op(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
-                  use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size)
+                  use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
     def output_norm(self, o_BTHV, x_BTD):
         B, T, H, V = o_BTHV.shape
@@ -297,10 +348,10 @@ class KimiDeltaAttentionMixer(RecurrentMixer):
         g = -_f32(self.A_log).exp()[:, None] * F.softplus(pre)
         return g, torch.sigmoid(_f32(self.b_proj(x_BTD)))
 
-    def mix(self, q, k, v, g, beta, initial_state, recurrent):
+    def mix(self, q, k, v, g, beta, initial_state, recurrent, cu_seqlens=None):
         op = ops.fused_recurrent_kda if recurrent else ops.chunk_kda
         return op(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
-                  use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size)
+                  use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
     def output_norm(self, o_BTHV, x_BTD):
         B, T, H, V = o_BTHV.shape
@@ -326,10 +377,10 @@ class GatedLinearAttentionMixer(RecurrentMixer):
         logits = _f32(self.gk_proj(x_BTD)).view(B, T, self.cfg.num_heads, self.cfg.head_k_dim)
         return F.logsigmoid(logits) / GLA_GATE_LOGIT_NORMALIZER, None
 
-    def mix(self, q, k, v, g, beta, initial_state, recurrent):
+    def mix(self, q, k, v, g, beta, initial_state, recurrent, cu_seqlens=None):
         op = ops.fused_recurrent_gla if recurrent else ops.chunk_gla
         return op(q, k, v, g, initial_state=initial_state, output_final_state=True,
-                  chunk_size=self.cfg.chunk_size)
+                  chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
     def output_norm(self, o_BTHV, x_BTD):
         B, T, H, V = o_BTHV.shape

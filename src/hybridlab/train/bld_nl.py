@@ -211,8 +211,17 @@ class JoinedRows(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.rows) // self.k
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.cat([self.rows[i * self.k + j] for j in range(self.k)])
+    def __getitem__(self, i: int):
+        from hybridlab.data.packing import Documents, position_ids
+
+        parts = [self.rows[i * self.k + j] for j in range(self.k)]
+        if not isinstance(parts[0], Documents):
+            return torch.cat(parts)
+        # positions restart only at real document starts (a row start may continue the previous row's text)
+        T = self.rows.seq_len
+        starts = np.concatenate([self.rows.doc_starts(i * self.k + j) + j * T for j in range(self.k)])
+        return Documents(torch.cat([p.input_ids for p in parts]),
+                         torch.from_numpy(position_ids(starts, self.k * T)))
 
 
 def rows_per_sequence(context_len: int, seq_len: int) -> int:

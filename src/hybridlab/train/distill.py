@@ -44,7 +44,9 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
+from hybridlab.data.packing import batch_rows, batch_to, split_batch
 from hybridlab.errors import HybridlabError
 from hybridlab.models.convert import MixerAttention, hybrid_spec
 from hybridlab.train.losses import Projected, kl_forward_chunked, stage1_alignment_loss
@@ -110,9 +112,15 @@ def lm_head_side(model: nn.Module, hidden_BTD: torch.Tensor) -> Projected:
     return Projected(hidden_BTD, head.weight, head.bias, 1.0 / scaling if scaling else 1.0)
 
 
-def final_hidden(model: nn.Module, input_ids_BT: torch.Tensor) -> torch.Tensor:
-    """Final (post-norm) hidden states from the decoder stack alone; the head is never applied."""
-    return model.get_decoder()(input_ids=input_ids_BT, use_cache=False).last_hidden_state
+def final_hidden(model: nn.Module, batch) -> torch.Tensor:
+    """Final (post-norm) hidden states from the decoder stack alone; the head is never applied.
+
+    ``batch``: input ids ``[B, T]``, or ``hybridlab.data.packing.Documents`` whose ``position_ids`` keep
+    attention (transformers' packed-sequence mask) and the mixers' state inside each document.
+    """
+    ids, pos = split_batch(batch)
+    extra = {} if pos is None else {"position_ids": pos}
+    return model.get_decoder()(input_ids=ids, use_cache=False, **extra).last_hidden_state
 
 
 class AttentionCapture:
@@ -203,10 +211,11 @@ class Stage1Task:
         """FSDP units of their own: the mixers, which stage 1 may call outside their decoder layer."""
         return list(mixer_wrappers(model).values())
 
-    def layer_outputs(self, model: nn.Module, batch_BT: torch.Tensor):
-        """(student outputs, teacher outputs) per mixer layer for one batch of input ids."""
+    def layer_outputs(self, model: nn.Module, batch_BT):
+        """(student outputs, teacher outputs) per mixer layer for one batch (ids or ``Documents``)."""
+        ids, pos = split_batch(batch_BT)
         if not self.frozen.sharded:
-            _to_device(self.teacher, batch_BT.device)
+            _to_device(self.teacher, ids.device)
         self._teacher_cap.clear()
         with torch.no_grad():
             self.frozen.run(final_hidden, batch_BT)
@@ -215,7 +224,8 @@ class Stage1Task:
             wrappers = mixer_wrappers(model)
             # The teacher may run in bf16 (paper) and the student in fp32: feed each mixer its own dtype
             # (under autocast the projections cast anyway; outside it, e.g. the initial evaluation, they must).
-            s_out = {i: wrappers[i](self._teacher_cap.inputs[i].to(_param_dtype(wrappers[i])))[0] for i in self.layers}
+            s_out = {i: wrappers[i](self._teacher_cap.inputs[i].to(_param_dtype(wrappers[i])), position_ids=pos)[0]
+                     for i in self.layers}
         else:
             self._student_cap.clear()
             final_hidden(model, batch_BT)
@@ -230,19 +240,21 @@ class Stage1Task:
             per_layer = {f"align/{i}": stage1_alignment_loss({i: s_out[i]}, {i: t_out[i]}) for i in self.layers}
         return loss, per_layer
 
-    def num_tokens(self, batch_BT: torch.Tensor) -> int:
-        return int(batch_BT.numel())
+    def num_tokens(self, batch_BT) -> int:
+        return int(split_batch(batch_BT)[0].numel())
 
     @torch.no_grad()
-    def heldout_alignment(self, model: nn.Module, input_ids_NT: torch.Tensor, batch_size: int) -> float:
+    def heldout_alignment(self, model: nn.Module, input_ids_NT, batch_size: int) -> float:
         """Alignment loss over held-out rows (all rows have T tokens, so batch losses weigh by rows)."""
         device = next(model.parameters()).device
         total, n = 0.0, 0
-        for b0 in range(0, input_ids_NT.shape[0], batch_size):
-            ids = input_ids_NT[b0:b0 + batch_size].to(device)
-            s_out, t_out = self.layer_outputs(model, ids)
-            total += float(stage1_alignment_loss(s_out, t_out)) * ids.shape[0]
-            n += ids.shape[0]
+        rows = split_batch(input_ids_NT)[0].shape[0]
+        for b0 in range(0, rows, batch_size):
+            batch = batch_to(batch_rows(input_ids_NT, b0, b0 + batch_size), device)
+            s_out, t_out = self.layer_outputs(model, batch)
+            b = split_batch(batch)[0].shape[0]
+            total += float(stage1_alignment_loss(s_out, t_out)) * b
+            n += b
         return total / n
 
     def clear(self) -> None:
@@ -267,9 +279,9 @@ class Stage2Task:
         self.teacher = self.frozen.model
         self.chunk_tokens, self.vocab_chunk = chunk_tokens, vocab_chunk
 
-    def loss(self, model: nn.Module, batch_BT: torch.Tensor):
+    def loss(self, model: nn.Module, batch_BT):
         if not self.frozen.sharded:
-            _to_device(self.teacher, batch_BT.device)
+            _to_device(self.teacher, split_batch(batch_BT)[0].device)
         with torch.no_grad():
             teacher_side = self.frozen.run(_teacher_head_side, batch_BT, self.frozen.sharded)
         student_side = lm_head_side(model, final_hidden(model, batch_BT))
@@ -277,13 +289,15 @@ class Stage2Task:
                                 vocab_chunk=self.vocab_chunk)
         return kl, {}
 
-    def num_tokens(self, batch_BT: torch.Tensor) -> int:
-        return int(batch_BT.numel())
+    def num_tokens(self, batch_BT) -> int:
+        return int(split_batch(batch_BT)[0].numel())
 
 
 # ---- held-out curves -------------------------------------------------------------------------------
 def heldout_rows(dataset, rows_per_language: int | None) -> tuple[torch.Tensor, list[str]]:
-    """The first `rows_per_language` rows of each language (all rows if None) as ([N, T], langs)."""
+    """The first `rows_per_language` rows of each language (all rows if None) as ([N, T], langs).
+
+    The rows are an id tensor, or ``Documents`` of ``[N, T]`` when the dataset yields documents."""
     if rows_per_language is not None and rows_per_language < 1:
         raise HybridlabError(f"rows_per_language={rows_per_language} must be >= 1 (or null for all rows)")
     taken: dict[str, int] = defaultdict(int)
@@ -295,7 +309,7 @@ def heldout_rows(dataset, rows_per_language: int | None) -> tuple[torch.Tensor, 
             langs.append(lang)
     if not idx:
         raise HybridlabError("the held-out split has no rows; rebuild the mixture with val_fraction > 0")
-    return torch.stack([dataset[i] for i in idx]), langs
+    return default_collate([dataset[i] for i in idx]), langs
 
 
 def pooled(frame, column: str) -> float:

@@ -22,7 +22,9 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import default_collate
 
+from hybridlab.data.packing import batch_to, in_document_targets, split_batch
 from hybridlab.train.distill import final_hidden, lm_head_side
 from hybridlab.train.losses import Side, ce_chunked, token_nll_chunked
 
@@ -36,17 +38,27 @@ def projects_logits(model: nn.Module) -> bool:
     return isinstance(model.get_output_embeddings(), nn.Linear) and not getattr(config, "final_logit_softcapping", None)
 
 
-def logits_side(model: nn.Module, input_ids_BT: torch.Tensor, **kwargs) -> Side:
-    """The model's logits at every position as a loss side (see module docstring); kwargs go to forward."""
+def logits_side(model: nn.Module, batch, **kwargs) -> Side:
+    """The model's logits at every position as a loss side (see module docstring); kwargs go to forward.
+
+    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents`` (document-masked forward).
+    """
     if projects_logits(model):
-        return lm_head_side(model, final_hidden(model, input_ids_BT))
-    out = model(input_ids=input_ids_BT, **kwargs)
+        return lm_head_side(model, final_hidden(model, batch))
+    ids, pos = split_batch(batch)
+    out = model(input_ids=ids, **({} if pos is None else {"position_ids": pos}), **kwargs)
     return out.logits if hasattr(out, "logits") else out
 
 
-def next_token_labels(input_ids_BT: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """labels[:, t] = input_ids[:, t + 1]; the last position has no successor (ignore_index)."""
-    return F.pad(input_ids_BT[:, 1:], (0, 1), value=ignore_index)
+def next_token_labels(batch, ignore_index: int = -100) -> torch.Tensor:
+    """labels[:, t] = input_ids[:, t + 1], or ignore_index where t has no successor in its document.
+
+    Plain rows: only the last position. ``Documents``: also each document's last token, whose successor
+    starts the next document (outside the masked context).
+    """
+    ids, pos = split_batch(batch)
+    labels = F.pad(ids[:, 1:], (0, 1), value=ignore_index)
+    return labels if pos is None else labels.masked_fill(~in_document_targets(batch), ignore_index)
 
 
 class CausalLMTask:
@@ -60,8 +72,8 @@ class CausalLMTask:
         loss = ce_chunked(side, next_token_labels(batch), chunk_tokens=self.chunk_tokens, vocab_chunk=self.vocab_chunk)
         return loss, {}
 
-    def num_tokens(self, batch: torch.Tensor) -> int:
-        return int(batch.shape[0] * (batch.shape[1] - 1))
+    def num_tokens(self, batch) -> int:
+        return int(in_document_targets(batch).sum())
 
 
 @torch.no_grad()
@@ -83,13 +95,14 @@ def heldout_ce_by_language(model: nn.Module, dataset, *, max_rows_per_language: 
         idx = rows_by_lang[lang]
         nll, n = 0.0, 0
         for s in range(0, len(idx), batch_size):
-            batch = torch.stack([dataset[i] for i in idx[s:s + batch_size]]).to(device)
-            # Every position is scored against a dummy successor for the last (dropped below), so the
-            # side is never sliced (a slice of full logits would be copied whole).
+            batch = batch_to(default_collate([dataset[i] for i in idx[s:s + batch_size]]), device)
+            # Every position is scored against a dummy successor where it has none (dropped below), so
+            # the side is never sliced (a slice of full logits would be copied whole).
             targets = next_token_labels(batch, ignore_index=0)
+            keep = in_document_targets(batch)
             nll_BT = token_nll_chunked(logits_side(model, batch), targets, chunk_tokens, vocab_chunk)
-            nll += float(nll_BT[:, :-1].double().sum())
-            n += nll_BT[:, :-1].numel()
+            nll += float(nll_BT[keep].double().sum())
+            n += int(keep.sum())
         out[f"ce/{lang}"] = nll / n
         total_nll, total_n = total_nll + nll, total_n + n
     out["ce"] = total_nll / max(total_n, 1)

@@ -215,6 +215,49 @@ def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> li
     return out
 
 
+def check_cu_seqlens(op: str, cu_seqlens: Tensor, q: Tensor, initial_state: Tensor | None) -> int:
+    """Validate fla-style ``cu_seqlens`` for inputs flattened to ``[1, T, ...]``; returns the sequence count.
+
+    As in fla, variable-length inputs are one row (``B = 1``) split at ``cu_seqlens`` (``[N + 1]``
+    ascending integers from 0 to T); ``initial_state``, when given, holds one state per sequence.
+    """
+    if q.shape[0] != 1:
+        raise HybridlabError(f"{op}: with cu_seqlens the batch size must be 1, got {q.shape[0]}; "
+                             "flatten the sequences to [1, total_tokens, ...] first")
+    T = q.shape[1]
+    cu = cu_seqlens.detach().to("cpu", torch.long)
+    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu.diff() <= 0).any()):
+        raise HybridlabError(f"{op}: cu_seqlens must rise strictly from 0 to T={T}, got {cu.tolist()[:8]}"
+                             f"{' ...' if cu.numel() > 8 else ''}; build it from the sequence lengths")
+    N = cu.numel() - 1
+    if initial_state is not None and initial_state.shape[0] != N:
+        raise HybridlabError(f"{op}: with cu_seqlens initial_state needs one state per sequence "
+                             f"({N}), got {initial_state.shape[0]}")
+    return N
+
+
+def varlen_cpu(fn, cu_seqlens: Tensor, seqs: list[Tensor], initial_state: Tensor | None,
+               output_final_state: bool) -> tuple[Tensor, Tensor | None]:
+    """fla's ``cu_seqlens`` semantics on CPU: each sequence of the ``[1, T, ...]`` inputs becomes its own row.
+
+    The sequences are gathered into a ``[N, L_max, ...]`` batch right-padded with zeros, which is neutral for
+    every op here (``q = k = v = 0``, log-decay 0, ``beta = 0``: padding changes neither outputs nor states),
+    ``fn(*padded, initial_state, output_final_state)`` runs once, and its output is scattered back to
+    ``[1, T, ...]``. Exact (the rows never interact); the cost grows with ``N * L_max`` rather than ``T``.
+    """
+    T, device = seqs[0].shape[1], seqs[0].device
+    cu = cu_seqlens.detach().to("cpu", torch.long)
+    lens = cu.diff()
+    N, L = lens.numel(), int(lens.max())
+    offsets = torch.arange(L)
+    valid = offsets[None, :] < lens[:, None]  # [N, L]
+    gather = torch.where(valid, cu[:-1, None] + offsets, T).to(device)  # T = the appended zero row
+    scatter = (torch.arange(N)[:, None] * L + offsets)[valid].to(device)  # flat order = segment-major order
+    padded = [torch.cat([x[0], x.new_zeros((1,) + tuple(x.shape[2:]))])[gather] for x in seqs]
+    o, final = fn(*padded, initial_state, output_final_state)
+    return o.reshape(N * L, *o.shape[2:])[scatter].unsqueeze(0), final
+
+
 def fla_op(module: str, name: str):
     """Import one of fla's Triton ops; only called for CUDA tensors."""
     import importlib

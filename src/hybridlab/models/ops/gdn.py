@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
+    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     expand_gva,
@@ -61,6 +62,7 @@ from hybridlab.models.ops.common import (
     pairwise_decay,
     resolve_scale,
     to_chunks,
+    varlen_cpu,
     unit_lower_inverse,
 )
 
@@ -304,6 +306,7 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla-compatible chunked Gated DeltaNet: ``o [B, T, H, V]``, final state ``[B, H, K, V]`` or None.
 
@@ -311,15 +314,28 @@ def chunk_gated_delta_rule(
     ``HV`` heads (a multiple of H; grouped value attention): g, beta, o and the state then have HV.
     The result does not depend on ``chunk_size`` (a tiling parameter); on CUDA it is passed to fla
     when fla accepts it (16/32/64), otherwise fla's default tile is used.
+    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
+    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
+    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
+    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
     """
-    check_inputs("chunk_gated_delta_rule", q, k, v, g, beta, initial_state, False, chunk_size)
+    varlen = cu_seqlens is not None
+    check_inputs("chunk_gated_delta_rule", q, k, v, g, beta, None if varlen else initial_state, False, chunk_size)
+    if varlen:
+        check_cu_seqlens("chunk_gated_delta_rule", cu_seqlens, q, initial_state)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
         extra = {"chunk_size": chunk_size} if chunk_size in FLA_GDN_CHUNK_SIZES else {}
+        if varlen:
+            extra["cu_seqlens"] = cu_seqlens.to(q.device, torch.long)
         return fla_chunk(
             q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **extra,
         )
+    if varlen:
+        def rows(q, k, v, g, beta, h0, final):
+            return _chunk_gdn_cpu(q, k, v, g, beta, scale, h0, final, use_qk_l2norm_in_kernel, chunk_size)
+        return varlen_cpu(rows, cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state)
     return _chunk_gdn_cpu(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
     )

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
+    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     fla_op,
@@ -29,6 +30,7 @@ from hybridlab.models.ops.common import (
     per_channel_scores,
     resolve_scale,
     to_chunks,
+    varlen_cpu,
 )
 
 
@@ -92,18 +94,32 @@ def chunk_gla(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla-compatible chunked GLA: ``o [B, T, H, V]``, final state ``[B, H, K, V]`` or None.
 
     ``g`` is the per-channel log-decay ``[B, T, H, K]``. The result does not depend on ``chunk_size``;
     fla's ``chunk_gla`` has a fixed tile, so on CUDA ``chunk_size`` is not forwarded.
+    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
+    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
+    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
+    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
     """
-    check_inputs("chunk_gla", q, k, v, g, None, initial_state, True, chunk_size, allow_gva=False)
+    varlen = cu_seqlens is not None
+    check_inputs("chunk_gla", q, k, v, g, None, None if varlen else initial_state, True, chunk_size, allow_gva=False)
+    if varlen:
+        check_cu_seqlens("chunk_gla", cu_seqlens, q, initial_state)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.gla", "chunk_gla")
+        extra = {"cu_seqlens": cu_seqlens.to(q.device, torch.long)} if varlen else {}
         return fla_chunk(
-            q=q, k=k, v=v, g=g, scale=scale, initial_state=initial_state, output_final_state=output_final_state
+            q=q, k=k, v=v, g=g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            **extra,
         )
+    if varlen:
+        def rows(q, k, v, g, h0, final):
+            return _chunk_gla_cpu(q, k, v, g, scale, h0, final, chunk_size)
+        return varlen_cpu(rows, cu_seqlens, [q, k, v, g], initial_state, output_final_state)
     return _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
+    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     expand_gva,
@@ -35,6 +36,7 @@ from hybridlab.models.ops.common import (
     per_channel_scores,
     resolve_scale,
     to_chunks,
+    varlen_cpu,
     unit_lower_inverse,
 )
 
@@ -124,21 +126,35 @@ def chunk_kda(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla-compatible chunked KDA: ``o [B, T, H, V]``, final state ``[B, H, K, V]`` or None.
 
     ``g`` is the per-channel log-decay ``[B, T, H, K]``, ``beta`` ``[B, T, H]``; with grouped value
     heads (v has HV = multiple of H heads, as in fla) g, beta, o and the state have HV. The result
     does not depend on ``chunk_size``; on CUDA it is passed to fla when fla accepts it (32/64).
+    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
+    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
+    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
+    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
     """
-    check_inputs("chunk_kda", q, k, v, g, beta, initial_state, True, chunk_size)
+    varlen = cu_seqlens is not None
+    check_inputs("chunk_kda", q, k, v, g, beta, None if varlen else initial_state, True, chunk_size)
+    if varlen:
+        check_cu_seqlens("chunk_kda", cu_seqlens, q, initial_state)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.kda", "chunk_kda")
         extra = {"chunk_size": chunk_size} if chunk_size in FLA_KDA_CHUNK_SIZES else {}
+        if varlen:
+            extra["cu_seqlens"] = cu_seqlens.to(q.device, torch.long)
         return fla_chunk(
             q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **extra,
         )
+    if varlen:
+        def rows(q, k, v, g, beta, h0, final):
+            return _chunk_kda_cpu(q, k, v, g, beta, scale, h0, final, use_qk_l2norm_in_kernel, chunk_size)
+        return varlen_cpu(rows, cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state)
     return _chunk_kda_cpu(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
     )
