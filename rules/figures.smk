@@ -37,6 +37,13 @@ TABLES = {
     "table_kl_reduction": {"perplexity": _EV("perplexity")},
     "table_softcka_first_fa": {"softcka": _EV("softcka")},
     "table_bld_nl": {**_NL_RUNS, "position_loss_summary": _EV("position_loss_summary")},
+    "table_placement_tests": {"perplexity_rows": _EV("perplexity_rows")},
+    "table_tokens_to_target": _DISTILL_RUNS,
+    "table_retrieval_score": {"retrieval_score": _EV("retrieval_score")},
+    "table_sr_accuracy": _SR_RUNS,
+    # the generated findings table (hybridlab.plots.findings): every finding with effect, CI and verdict
+    "table_findings": {"perplexity_rows": _EV("perplexity_rows"), "softcka": _EV("softcka"), "niah": _EV("niah"),
+                       "retrieval_score": _EV("retrieval_score"), **_DISTILL_RUNS, **_SR_RUNS, **_NL_RUNS},
 }
 if PAPER_PATH:  # lm-eval runs at the paper and rehearsal presets only (rules/eval.smk)
     TABLES["table_lm_benchmarks"] = {"lm_benchmarks": _EV("lm_benchmarks")}
@@ -46,11 +53,13 @@ if PAPER_PATH:  # lm-eval runs at the paper and rehearsal presets only (rules/ev
 from hybridlab.plots.figures import CAPTIONS
 
 _BLD = ("fig_sr_", "fig_retrieval_score", "fig_bld_nl", "fig_position_loss", "fig_retrieval_heads", "table_bld_nl",
-        "table_lm_benchmarks")
+        "table_lm_benchmarks", "table_retrieval_score", "table_sr_accuracy")
 _STAMP = {"preset": SCALE, "config_hash": CONFIG_HASH}
 
 
 def _study(name):
+    if name == "table_findings":
+        return "Findings (generated)"
     return "Competing learning (BLD)" if name.startswith(_BLD) else "Multilinguality"
 
 

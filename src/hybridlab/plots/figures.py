@@ -37,6 +37,7 @@ Figures (what each shows):
 from __future__ import annotations
 
 import inspect
+import math
 from pathlib import Path
 
 import textwrap
@@ -48,7 +49,10 @@ from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
+from hybridlab.eval import stats
 from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, _atomic, new_figure, themed
+from hybridlab.plots.uncertainty import (placement_tests_table, retrieval_score_table, seed_band, spread_columns,
+                                         sr_accuracy_table, tokens_to_target_table)
 
 ROLE_DASHES = {"hybrid": "", "dense": (4, 2)}
 
@@ -120,7 +124,8 @@ def _melt_prefix(df: pl.DataFrame, prefix: str, name: str, table: str) -> pl.Dat
     cols = sorted(c for c in df.columns if c.startswith(prefix) and "/" not in c[len(prefix):])
     if not cols:
         raise HybridlabError(f"table '{table}' has no '{prefix}*' columns; was it written by the current trainer?")
-    long = df.select(["run", "step", *cols]).unpivot(index=["run", "step"], on=cols, variable_name=name)
+    index = ["run", "seed", "step"] if "seed" in df.columns else ["run", "step"]
+    long = df.select([*index, *cols]).unpivot(index=index, on=cols, variable_name=name)
     return long.drop_nulls("value").with_columns(pl.col(name).str.slice(len(prefix)))
 
 
@@ -205,14 +210,29 @@ def fertility(fert: pl.DataFrame):
     return fig
 
 
+def niah_cells(df: pl.DataFrame) -> pl.DataFrame:
+    """NIAH per (pair, role, lang, context): accuracy over all tasks' examples (k = sum of round(accuracy x n),
+    n = sum of n) with its Wilson 95 % interval (`accuracy_lo`, `accuracy_hi`), mean seconds, any OOM."""
+    cell = df.with_columns(k=(pl.col("accuracy") * pl.col("n")).round().cast(pl.Int64)).group_by(
+        ["pair", "role", "lang", "context_tokens"]).agg(
+        pl.col("k").sum(), pl.col("n").sum(), pl.col("seconds").mean(), pl.col("oom").any())
+    lo, hi, acc = [], [], []
+    for k, n in cell.select("k", "n").iter_rows():
+        w = stats.wilson_interval(int(k), int(n)) if n else None
+        acc.append(w.estimate if w else math.nan)
+        lo.append(w.lo if w else math.nan)
+        hi.append(w.hi if w else math.nan)
+    return cell.with_columns(accuracy=pl.Series(acc, dtype=pl.Float64), accuracy_lo=pl.Series(lo, dtype=pl.Float64),
+                             accuracy_hi=pl.Series(hi, dtype=pl.Float64))
+
+
 def niah(table: pl.DataFrame):
     """NIAH accuracy (top) and seconds per example (bottom) vs context length, per pair; OOM cells marked."""
     df = require(table, ["pair", "role", "lang", "task", "context_tokens", "accuracy", "seconds", "oom"], "niah")
     pairs, langs = _sorted(df, "pair"), _sorted(df, "lang")
     n = len(pairs)
-    cell = df.group_by(["pair", "role", "lang", "context_tokens"]).agg(
-        pl.col("accuracy").mean(), pl.col("seconds").mean(), pl.col("oom").any()).sort(
-        ["pair", "role", "lang", "context_tokens"])
+    cell = niah_cells(df).sort(["pair", "role", "lang", "context_tokens"])
+    colors = dict(zip(langs, sns.color_palette(PALETTE, len(langs))))
     with themed():
         fig, axes = new_figure(2 * n, ncols=n)
         for i, pair in enumerate(pairs):
@@ -220,6 +240,11 @@ def niah(table: pl.DataFrame):
             sns.lineplot(data=_pd(d), x="context_tokens", y="accuracy", hue="lang", hue_order=langs,
                          style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES, palette=PALETTE,
                          marker="o", errorbar=None, ax=axes[i])
+            for (lang, role), g in d.group_by(["lang", "role"], maintain_order=True):  # Wilson 95 % bars
+                acc = g["accuracy"].to_numpy()
+                axes[i].errorbar(g["context_tokens"].to_list(), acc,
+                                 yerr=[acc - g["accuracy_lo"].to_numpy(), g["accuracy_hi"].to_numpy() - acc],
+                                 fmt="none", ecolor=colors[lang], elinewidth=0.8, capsize=2, alpha=0.7)
             ooms = d.filter(pl.col("oom"))
             if ooms.height:
                 axes[i].scatter(ooms["context_tokens"].to_list(), [0.0] * ooms.height, marker="x", color="red",
@@ -260,7 +285,7 @@ def distill_curves(runs: pl.DataFrame):
         fig, axes = new_figure(2)
         for ax, col, name in zip(axes, ["eval/ce", "eval/kl"], ["held-out CE", "held-out KL(teacher || student)"]):
             sns.lineplot(data=_pd(df), x="tokens", y=col, hue=label, hue_order=_sorted(df, label),
-                         palette=PALETTE, marker="o", errorbar=None, ax=ax)
+                         palette=PALETTE, marker="o", errorbar=seed_band, ax=ax)
             ax.set_ylabel(name)
             _tokens_axis(ax)
         _legend_once(axes)
@@ -279,7 +304,7 @@ def tokens_to_baseline(tokens: pl.DataFrame, lang: str = "all"):
         for ax, metric in zip(axes, metrics):
             d = df.filter(pl.col("metric") == metric)
             sns.barplot(data=_pd(d), x="placement", y="fraction", hue="mixer", order=placements_,
-                        hue_order=_sorted(d, "mixer"), palette=PALETTE, ax=ax)
+                        hue_order=_sorted(d, "mixer"), palette=PALETTE, errorbar=seed_band, capsize=0.15, ax=ax)
             for i, p in enumerate(placements_):
                 if d.filter((pl.col("placement") == p) & pl.col("fraction").is_null()).height:
                     ax.annotate("not reached", (i, 0), ha="center", va="bottom", rotation=90, fontsize=6)
@@ -291,27 +316,50 @@ def tokens_to_baseline(tokens: pl.DataFrame, lang: str = "all"):
     return fig
 
 
+def _with_seed(df: pl.DataFrame) -> pl.DataFrame:
+    """The table with a `seed` column (a table written before replicate seeds is one seed, null)."""
+    return df if "seed" in df.columns else df.with_columns(seed=pl.lit(None, pl.Int64))
+
+
+def _paired_by_seed(df: pl.DataFrame, keys: list[str], value: str, fn) -> pl.DataFrame:
+    """Per group of `keys`: fn(best, baseline) per seed (columns `value` and `base`), spread across seeds."""
+    rows = []
+    for key, g in df.sort(keys + ["seed"], nulls_last=True).group_by(keys, maintain_order=True):
+        vals = [fn(v, b) for v, b in g.select(value, "base").iter_rows() if v is not None and b is not None]
+        rows.append({**dict(zip(keys, key)), **spread_columns(vals, "x")})
+    return pl.DataFrame(rows, orient="row", schema={**{k: df.schema[k] for k in keys}, "x": pl.Float64,
+                                                    "x_lo": pl.Float64, "x_hi": pl.Float64, "n_seeds": pl.Int64})
+
+
 def perplexity_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> pl.DataFrame:
     """Per (teacher, mixer, lang): teacher and per-placement perplexity, best placement, change vs baseline.
 
-    `best_vs_baseline` = ppl(best) / ppl(baseline) - 1 (negative = better than the baseline placement);
-    ties for the best perplexity go to the alphabetically first placement.
+    Placement columns are the mean perplexity over the replicate seeds. The best placement has the lowest
+    mean (ties: the alphabetically first). `best_vs_baseline` = mean over seeds of ppl(best, s) /
+    ppl(baseline, s) - 1 (negative = better than the baseline placement), `best_vs_baseline_lo/_hi` its
+    t-interval across the seeds (NaN with one seed), `n_seeds` the seeds paired.
     """
-    df = require(ppl, ["teacher", "placement", "mixer", "lang", "ppl"], "perplexity")
+    df = _with_seed(require(ppl, ["teacher", "placement", "mixer", "lang", "ppl"], "perplexity"))
     teach = df.filter(pl.col("placement").is_null()).select("teacher", "lang", teacher_ppl="ppl")
     stud = df.filter(pl.col("placement").is_not_null())
     if baseline not in stud["placement"].to_list():
         raise HybridlabError(f"baseline placement '{baseline}' has no rows in table 'perplexity'; set "
                              "experiments.distill.baseline_placement to a distilled placement")
-    wide = stud.pivot(on="placement", index=["teacher", "mixer", "lang"], values="ppl", sort_columns=True)
-    best = (stud.sort(["ppl", "placement"]).group_by(["teacher", "mixer", "lang"], maintain_order=True)
-            .first().select("teacher", "mixer", "lang", best_placement="placement", best_ppl="ppl"))
-    out = (wide.join(best, on=["teacher", "mixer", "lang"]).join(teach, on=["teacher", "lang"], how="left")
-           .with_columns(best_vs_baseline=pl.col("best_ppl") / pl.col(baseline) - 1.0))
+    keys = ["teacher", "mixer", "lang"]
+    mean = stud.group_by(keys + ["placement"]).agg(pl.col("ppl").mean())
+    wide = mean.pivot(on="placement", index=keys, values="ppl", sort_columns=True)
+    best = (mean.sort(["ppl", "placement"]).group_by(keys, maintain_order=True)
+            .first().select(*keys, best_placement="placement", best_ppl="ppl"))
+    per_seed = (stud.join(best, on=keys).filter(pl.col("placement") == pl.col("best_placement"))
+                .join(stud.filter(pl.col("placement") == baseline).select(*keys, "seed", base="ppl"),
+                      on=keys + ["seed"], nulls_equal=True))
+    change = _paired_by_seed(per_seed, keys, "ppl", lambda v, b: v / b - 1.0).rename(
+        {"x": "best_vs_baseline", "x_lo": "best_vs_baseline_lo", "x_hi": "best_vs_baseline_hi"})
+    out = (wide.join(best, on=keys).join(teach, on=["teacher", "lang"], how="left").join(change, on=keys))
     # "all" (pooled) last, languages sorted: a stable, readable row order
     return out.sort(["teacher", "mixer", pl.col("lang") == "all", "lang"]).select(
         "teacher", "mixer", "lang", "teacher_ppl", *sorted(_sorted(stud, "placement")), "best_placement",
-        "best_ppl", "best_vs_baseline")
+        "best_ppl", "best_vs_baseline", "best_vs_baseline_lo", "best_vs_baseline_hi", "n_seeds")
 
 
 def write_table(df: pl.DataFrame, csv_path: str | Path, md_path: str | Path, decimals: int = 4) -> None:
@@ -337,7 +385,7 @@ def sr_accuracy(runs: pl.DataFrame):
         fig, axes = new_figure(len(gaps), sharey=True)
         for ax, g in zip(axes, gaps):
             sns.lineplot(data=_pd(df.filter(pl.col("gap") == g)), x="step", y="value", hue="run", hue_order=arms,
-                         palette=PALETTE, errorbar=None, ax=ax)
+                         palette=PALETTE, errorbar=seed_band, ax=ax)
             _title(ax, f"gap {g}")
             ax.set_ylabel("validation accuracy")
             ax.set_ylim(-0.02, 1.02)
@@ -355,7 +403,7 @@ def sr_grad_norms(runs: pl.DataFrame):
         for ax, k in zip(axes, kinds):
             d = df.filter((pl.col("kind") == k) & (pl.col("value") > 0))  # frozen steps log 0: not on log axis
             sns.lineplot(data=_pd(d), x="step", y="value", hue="run", hue_order=_sorted(df, "run"),
-                         palette=PALETTE, errorbar=None, ax=ax)
+                         palette=PALETTE, errorbar=seed_band, ax=ax)
             ax.set_yscale("log")
             _title(ax, f"{k.replace('_', ' ')} gradient norm")
             ax.set_ylabel("grad norm (pre-clip)")
@@ -366,14 +414,15 @@ def sr_grad_norms(runs: pl.DataFrame):
 def retrieval_score(score: pl.DataFrame):
     """Layer Retrieval Ability Score (mean over gaps) vs training fraction, one panel per arm."""
     df = require(score, ["arm", "fraction", "layer", "layer_type", "gap", "score"], "retrieval_score")
-    df = (df.group_by(["arm", "fraction", "layer", "layer_type"]).agg(pl.col("score").mean())
+    seed = ["seed"] if "seed" in df.columns else []
+    df = (df.group_by(["arm", *seed, "fraction", "layer", "layer_type"]).agg(pl.col("score").mean())
           .with_columns(label=pl.format("L{} {}", "layer", "layer_type")).sort(["arm", "layer", "fraction"]))
     arms, labels = _sorted(df, "arm"), df.sort("layer")["label"].unique(maintain_order=True).to_list()
     with themed():
         fig, axes = new_figure(len(arms), sharey=True)
         for ax, arm in zip(axes, arms):
             sns.lineplot(data=_pd(df.filter(pl.col("arm") == arm)), x="fraction", y="score", hue="label",
-                         hue_order=labels, palette=PALETTE, marker="o", errorbar=None, ax=ax)
+                         hue_order=labels, palette=PALETTE, marker="o", errorbar=seed_band, ax=ax)
             _title(ax, arm)
             ax.set_xlim(-0.02, 1.02)  # the same axis for every arm, even one scored at a single checkpoint
             ax.set_xlabel("fraction of training")
@@ -398,7 +447,7 @@ def bld_nl_loss(runs: pl.DataFrame):
         for ax, col, name in zip(axes, ["loss", "eval/ce"], ["training loss", "held-out CE"]):
             d = df.filter(pl.col(col).is_not_null())
             sns.lineplot(data=_pd(d), x="tokens", y=col, hue="mixer", hue_order=mixers, style="variant",
-                         style_order=sorted(dashes), dashes=dashes, palette=PALETTE, errorbar=None, ax=ax)
+                         style_order=sorted(dashes), dashes=dashes, palette=PALETTE, errorbar=seed_band, ax=ax)
             ax.set_ylabel(name)
             _tokens_axis(ax)
         _legend_once(axes)
@@ -483,23 +532,32 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
 def kl_reduction_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> pl.DataFrame:
     """Per (teacher, mixer, lang): the placement with the lowest KL and its reduction vs the baseline.
 
-    `kl_reduction` = 1 - KL(best) / KL(baseline placement) (0.25 = a quarter less KL than standard
-    periodic). Rows sorted by reduction, largest first, within each teacher and mixer; the pooled
-    "all" row is left out (it is not a language).
+    The best placement has the lowest KL averaged over the replicate seeds. `kl_reduction` = mean over
+    seeds of 1 - KL(best, s) / KL(baseline placement, s) (0.25 = a quarter less KL than standard periodic),
+    `kl_reduction_lo/_hi` its t-interval across seeds (NaN with one seed); `kl_baseline` and `kl_best` are
+    seed means. Rows sorted by reduction, largest first, within each teacher and mixer; the pooled "all"
+    row is left out (it is not a language).
     """
-    df = require(ppl, ["teacher", "placement", "mixer", "lang", "kl"], "perplexity")
+    df = _with_seed(require(ppl, ["teacher", "placement", "mixer", "lang", "kl"], "perplexity"))
     stud = df.filter(pl.col("placement").is_not_null() & pl.col("kl").is_not_null() & (pl.col("lang") != "all"))
-    base = stud.filter(pl.col("placement") == baseline).select("teacher", "mixer", "lang", kl_baseline="kl")
-    if base.is_empty():
+    keys = ["teacher", "mixer", "lang"]
+    base_seed = stud.filter(pl.col("placement") == baseline).select(*keys, "seed", base="kl")
+    if base_seed.is_empty():
         raise HybridlabError(f"baseline placement '{baseline}' has no KL rows in table 'perplexity'; set "
                              "experiments.distill.baseline_placement to a distilled placement")
-    best = (stud.filter(pl.col("placement") != baseline).sort(["kl", "placement"])
-            .group_by(["teacher", "mixer", "lang"], maintain_order=True).first()
-            .select("teacher", "mixer", "lang", best_placement="placement", kl_best="kl"))
-    out = best.join(base, on=["teacher", "mixer", "lang"]).with_columns(
-        kl_reduction=1.0 - pl.col("kl_best") / pl.col("kl_baseline"))
+    mean = stud.group_by(keys + ["placement"]).agg(pl.col("kl").mean())
+    base = mean.filter(pl.col("placement") == baseline).select(*keys, kl_baseline="kl")
+    best = (mean.filter(pl.col("placement") != baseline).sort(["kl", "placement"])
+            .group_by(keys, maintain_order=True).first()
+            .select(*keys, best_placement="placement", kl_best="kl"))
+    per_seed = (stud.join(best, on=keys).filter(pl.col("placement") == pl.col("best_placement"))
+                .join(base_seed, on=keys + ["seed"], nulls_equal=True))
+    red = _paired_by_seed(per_seed, keys, "kl", lambda v, b: 1.0 - v / b).rename(
+        {"x": "kl_reduction", "x_lo": "kl_reduction_lo", "x_hi": "kl_reduction_hi"})
+    out = best.join(base, on=keys).join(red, on=keys)
     return out.sort(["teacher", "mixer", "kl_reduction", "lang"], descending=[False, False, True, False]).select(
-        "teacher", "mixer", "lang", "kl_baseline", "best_placement", "kl_best", "kl_reduction")
+        "teacher", "mixer", "lang", "kl_baseline", "best_placement", "kl_best", "kl_reduction", "kl_reduction_lo",
+        "kl_reduction_hi", "n_seeds")
 
 
 def sr_longgap_final(runs: pl.DataFrame) -> pl.DataFrame:
@@ -509,9 +567,10 @@ def sr_longgap_final(runs: pl.DataFrame) -> pl.DataFrame:
         raise HybridlabError("no long-gap sweep arms (`longgap<f>`) in the bld_sr runs; set "
                              "experiments.bld_sr.long_gap_fractions")
     df = _melt_prefix(df, "eval/acc/gap", "gap", "bld_sr metrics")
-    return (df.sort("step").group_by(["run", "gap"]).agg(pl.col("value").last())
+    seed = ["seed"] if "seed" in df.columns else []
+    return (df.sort("step").group_by(["run", *seed, "gap"]).agg(pl.col("value").last())
             .with_columns(long_gap_fraction=pl.col("run").str.strip_prefix("longgap").cast(pl.Float64),
-                          gap=pl.col("gap").cast(pl.Int64)).sort(["gap", "long_gap_fraction"]))
+                          gap=pl.col("gap").cast(pl.Int64)).sort(["gap", "long_gap_fraction", *seed]))
 
 
 def sr_longgap(runs: pl.DataFrame):
@@ -521,7 +580,7 @@ def sr_longgap(runs: pl.DataFrame):
     with themed():
         fig, axes = new_figure(1)
         sns.lineplot(data=_pd(final.with_columns(pl.format("gap {}", "gap").alias("gap"))), x="long_gap_fraction",
-                     y="value", hue="gap", hue_order=gaps, palette=PALETTE, marker="o", errorbar=None, ax=axes[0])
+                     y="value", hue="gap", hue_order=gaps, palette=PALETTE, marker="o", errorbar=seed_band, ax=axes[0])
         axes[0].set_xlabel("fraction of long-gap training examples")
         axes[0].set_ylabel("final validation accuracy")
         axes[0].set_ylim(-0.02, 1.02)
@@ -531,24 +590,36 @@ def sr_longgap(runs: pl.DataFrame):
 def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     """BLD on natural language, one row per arm: final held-out CE, long-document perplexity and LongPPL.
 
-    `final_eval_ce` is the last held-out CE of the run's metrics; `ppl`, `long_ppl`, `n_key_tokens` and
-    `evaluator` come from the position-loss summary (LongPPL is null when no token qualifies as a key
-    token; every arm is scored on the key tokens of the one `evaluator` arm).
-    The BLD-vs-baseline change in CE is in `ce_vs_baseline` (negative = BLD better).
+    `final_eval_ce` is the last held-out CE of the run's metrics, averaged over the replicate seeds, with
+    its t-interval across seeds (`_lo`, `_hi`; NaN with one seed). `ce_vs_baseline` = mean over seeds of
+    CE(arm, s) - CE(baseline of the same mixer and size, s) (negative = BLD better), its t-interval, and
+    `p_sign` the exact sign test of those per-seed differences (1 for the baseline row). `ppl`, `long_ppl`,
+    `n_key_tokens` and `evaluator` come from the position-loss summary of the first seed's arms (LongPPL is
+    null when no token qualifies as a key token; every arm is scored on the key tokens of the one
+    `evaluator` arm).
     """
-    r = _nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics"))
-    final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by("run").agg(
-        final_eval_ce=pl.col("eval/ce").last(), tokens=pl.col("tokens").last()))
+    r = _with_seed(_nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics")))
+    final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by(["run", "seed"]).agg(
+        ce=pl.col("eval/ce").last(), tokens=pl.col("tokens").last()))
     s = require(summary, ["model", "mixer", "size", "variant", "ppl", "long_ppl", "n_key_tokens", "evaluator"],
                 "position_loss_summary")
-    out = s.join(final, left_on="model", right_on="run", how="inner")
-    if out.is_empty():
+    per_seed = s.select("model", "mixer", "size", "variant").join(final, left_on="model", right_on="run", how="inner")
+    if per_seed.is_empty():
         raise HybridlabError("bld_nl runs and position_loss_summary share no arm; rebuild both from one config")
-    base = out.filter(pl.col("variant") == "baseline").select("mixer", "size", base_ce="final_eval_ce")
-    out = out.join(base, on=["mixer", "size"], how="left").with_columns(
-        ce_vs_baseline=pl.col("final_eval_ce") - pl.col("base_ce"))
+    base = per_seed.filter(pl.col("variant") == "baseline").select("mixer", "size", "seed", base="ce")
+    per_seed = per_seed.join(base, on=["mixer", "size", "seed"], how="left", nulls_equal=True)
+    rows = []
+    for (model,), g in per_seed.sort(["model", "seed"], nulls_last=True).group_by(["model"], maintain_order=True):
+        d = [c - b for c, b in g.select("ce", "base").iter_rows() if b is not None]
+        ce, diff = spread_columns(g["ce"].to_list(), "final_eval_ce"), spread_columns(d, "ce_vs_baseline")
+        diff.pop("n_seeds")
+        rows.append({"model": model, "tokens": float(g["tokens"].mean()), **ce, **diff,
+                     "p_sign": stats.sign_test(d).p_value if d else math.nan})
+    agg = pl.DataFrame(rows, orient="row")
+    out = s.join(agg, on="model", how="inner")
     return out.sort(["size", "mixer", "variant"]).select(
-        "mixer", "size", "variant", "tokens", "final_eval_ce", "ce_vs_baseline", "ppl", "long_ppl", "n_key_tokens",
+        "mixer", "size", "variant", "n_seeds", "tokens", "final_eval_ce", "final_eval_ce_lo", "final_eval_ce_hi",
+        "ce_vs_baseline", "ce_vs_baseline_lo", "ce_vs_baseline_hi", "p_sign", "ppl", "long_ppl", "n_key_tokens",
         "evaluator")
 
 
@@ -603,8 +674,23 @@ CAPTIONS = {
                               "layer).",
     "table_lm_benchmarks": "Standard benchmarks (lm-eval; paper preset): one row per model (teachers, "
                            "distilled students, BLD arms), one column per task and metric.",
-    "table_bld_nl": "BLD on natural language per arm: final held-out CE, its change vs the baseline arm, "
-                    "long-document perplexity and LongPPL.",
+    "table_bld_nl": "BLD on natural language per arm: final held-out CE (mean over seeds, t-interval across "
+                    "seeds), its paired change vs the baseline arm with its interval and sign test, long-document "
+                    "perplexity and LongPPL (first seed).",
+    "table_placement_tests": "Each placement vs standard periodic per language (and pooled): token-pooled CE / KL "
+                             "difference with its t-interval across seeds and its bootstrap CI over held-out rows, "
+                             "paired permutation and sign tests over rows, and the verdict.",
+    "table_tokens_to_target": "Tokens to target from smoothed distillation curves: the fraction of standard "
+                              "periodic's tokens each placement needs to reach 50 / 80 / 90 / 100 % of the "
+                              "baseline's smoothed improvement, mean and t-interval across seeds; seeds already "
+                              "past a target at their first evaluation are counted (upper bounds).",
+    "table_retrieval_score": "Final Layer Retrieval Ability Score per BLD-SR arm and layer (mean over gaps): mean "
+                             "and t-interval across seeds.",
+    "table_sr_accuracy": "Final Spaced Retrieval validation accuracy per BLD-SR arm and gap: mean and t-interval "
+                         "across seeds.",
+    "table_findings": "Generated findings table: each finding of both studies, computed from the tables above, "
+                      "with its effect, 95 % interval (over seeds, or over evaluation units of one seed) and verdict "
+                      "(reproduced / contradicted / inconclusive at this scale; one seed is always inconclusive).",
 }
 
 
@@ -633,6 +719,12 @@ TABLES = {
     "table_softcka_first_fa": (softcka_first_fa_table, ["softcka"]),
     "table_bld_nl": (bld_nl_table, ["bld_nl", "position_loss_summary"]),
     "table_lm_benchmarks": (lm_benchmarks_table, ["lm_benchmarks"]),  # paper preset only
+    "table_placement_tests": (placement_tests_table, ["perplexity_rows"]),
+    "table_tokens_to_target": (tokens_to_target_table, ["distill"]),
+    "table_retrieval_score": (retrieval_score_table, ["retrieval_score"]),
+    "table_sr_accuracy": (sr_accuracy_table, ["bld_sr"]),
+    "table_findings": (lambda *a, **k: _findings.findings_table(*a, **k),
+                       ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl"]),
 }
 
 
@@ -655,5 +747,10 @@ def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.Dat
     missing = [t for t in needs if t not in tables]
     if missing:
         raise HybridlabError(f"table '{name}' needs tables {missing}; pass them as --tables NAME=PATH")
-    accepted = inspect.signature(fn).parameters
+    accepted = inspect.signature(_TABLE_SIGNATURES.get(name, fn)).parameters
     return fn(*[tables[t] for t in needs], **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+from hybridlab.plots import findings as _findings  # noqa: E402  (imports this module's functions at call time)
+
+_TABLE_SIGNATURES = {"table_findings": _findings.findings_table}

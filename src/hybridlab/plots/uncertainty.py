@@ -1,0 +1,305 @@
+"""Uncertainty columns of the results tables: spread across replicate seeds, bootstrap CIs over held-out
+rows, paired tests, smoothed tokens-to-target (docs/methods.md "Statistics" and "Uncertainty in the tables").
+
+Every function takes the tidy tables the eval rules write (one row per seed where the metric has seeds,
+one row per held-out row in `perplexity_rows`) and returns a polars DataFrame with the interval columns
+`<name>`, `<name>_lo`, `<name>_hi` (and `n_seeds`). The statistics come from `hybridlab.eval.stats`:
+
+- seed spread: mean +- t_{0.975, n-1} s / sqrt(n) over the seeds (`stats.seed_spread`); NaN with one seed;
+- row bootstrap: percentile bootstrap over the held-out rows shared by every arm and seed (`stats.
+  bootstrap_ci_indices`, the same row indices for both arms of a comparison and for every seed), B = 2000,
+  seed 0;
+- paired tests over rows: `stats.paired_permutation_test` and `stats.sign_test` of the per-row difference
+  (averaged over seeds) of an arm against its baseline.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from hybridlab.errors import HybridlabError
+from hybridlab.eval import stats
+
+LEVEL = 0.95
+N_BOOT = 2000
+
+
+def seed_band(values) -> tuple[float, float]:
+    """seaborn `errorbar=` callable: the t-interval of the mean across the seeds at one x (the mean itself
+    when there is one seed, so a single-seed line draws no band)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return (math.nan, math.nan)
+    s = stats.seed_spread(v, LEVEL)
+    return (s.mean, s.mean) if s.n == 1 else (s.lo, s.hi)
+
+
+def _seed_values(df: pl.DataFrame, value: str) -> list[float]:
+    return [float(x) for x in df[value].to_list() if x is not None and math.isfinite(float(x))]
+
+
+def spread_columns(values, name: str) -> dict:
+    """Columns name, name_lo, name_hi (t-interval across seeds; NaN for one seed or none) and n_seeds."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return {name: math.nan, f"{name}_lo": math.nan, f"{name}_hi": math.nan, "n_seeds": 0}
+    s = stats.seed_spread(v, LEVEL)
+    return {name: s.mean, f"{name}_lo": s.lo, f"{name}_hi": s.hi, "n_seeds": s.n}
+
+
+def seed_summary(df: pl.DataFrame, by: list[str], value: str, name: str | None = None) -> pl.DataFrame:
+    """One row per group of `by`: the mean of `value` over its rows (one per seed) with the seed t-interval.
+
+    Every group must hold at most one row per seed (`seed` column; a table without it is one seed)."""
+    name = name or value
+    if "seed" in df.columns:
+        dup = df.group_by(by + ["seed"]).len().filter(pl.col("len") > 1)
+        if dup.height:
+            raise HybridlabError(f"{dup.height} groups of {by} have several rows for one seed in column "
+                                 f"'{value}'; aggregate to one value per seed first")
+    rows = []
+    for key, g in df.sort(by).group_by(by, maintain_order=True):
+        rows.append({**dict(zip(by, key)), **spread_columns(_seed_values(g, value), name)})
+    schema = {**{c: df.schema[c] for c in by}, name: pl.Float64, f"{name}_lo": pl.Float64,
+              f"{name}_hi": pl.Float64, "n_seeds": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+# --- held-out rows: bootstrap over rows and paired tests -------------------------------------------
+
+
+def row_matrix(rows: pl.DataFrame, value: str = "ce") -> tuple[list, np.ndarray, np.ndarray]:
+    """(seeds, V, N) of one model's per-row table: V[s, r] the row's token mean, N[s, r] its tokens.
+
+    The rows of every seed must be the same rows (`row` ids), which the rule guarantees (one teacher's
+    held-out rows for every student); a mismatch is an error."""
+    seeds = sorted(rows["seed"].unique().to_list(), key=lambda s: -1 if s is None else s)
+    ids = None
+    vals, ns = [], []
+    for s in seeds:
+        g = rows.filter(pl.col("seed").is_null() if s is None else pl.col("seed") == s).sort("row")
+        if ids is None:
+            ids = g["row"].to_list()
+        elif g["row"].to_list() != ids:
+            raise HybridlabError("per-row tables of one model differ in their rows between seeds; rebuild "
+                                 "eval_perplexity from one config")
+        vals.append(g[value].to_numpy().astype(np.float64))
+        ns.append(g["n_tokens"].to_numpy().astype(np.float64))
+    return seeds, np.vstack(vals), np.vstack(ns)
+
+
+def pooled(V: np.ndarray, N: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+    """Token-pooled mean per seed over rows `idx` (all rows by default): sum(N V) / sum(N) -> [seeds]."""
+    if idx is not None:
+        V, N = V[:, idx], N[:, idx]
+    return (V * N).sum(axis=1) / N.sum(axis=1)
+
+
+def paired_row_comparison(arm: pl.DataFrame, base: pl.DataFrame, value: str = "ce", *, seed: int = 0) -> dict:
+    """Arm minus baseline on the held-out rows both were scored on, per seed and pooled over seeds.
+
+    effect = mean over seeds of (pooled(arm, s) - pooled(base, s)); its seed t-interval (`effect_lo/hi`,
+    seeds paired by their number) and its row bootstrap CI (`effect_rows_lo/hi`: the same resampled rows
+    for both arms and every seed); tests on the per-row differences d_r = mean_s (arm[s, r] - base[s, r]):
+    sign test (`p_sign`) and sign-flip permutation test (`p_perm`).
+    """
+    sa, Va, Na = row_matrix(arm, value)
+    sb, Vb, Nb = row_matrix(base, value)
+    common = [s for s in sa if s in sb]
+    if not common:
+        raise HybridlabError("arm and baseline share no seed; pair them on the same replicate seeds")
+    ia, ib = [sa.index(s) for s in common], [sb.index(s) for s in common]
+    Va, Na, Vb, Nb = Va[ia], Na[ia], Vb[ib], Nb[ib]
+    if Va.shape != Vb.shape:
+        raise HybridlabError(f"arm has {Va.shape[1]} rows but the baseline {Vb.shape[1]}; score both on the "
+                             "same held-out rows")
+    per_seed = pooled(Va, Na) - pooled(Vb, Nb)
+    out = {"effect": float(per_seed.mean())}
+    sp = spread_columns(per_seed.tolist(), "effect")
+    out.update({"effect_lo": sp["effect_lo"], "effect_hi": sp["effect_hi"], "n_seeds": sp["n_seeds"]})
+    n_rows = Va.shape[1]
+    if n_rows >= 2:
+        ci = stats.bootstrap_ci_indices(
+            n_rows, lambda i: float((pooled(Va, Na, i) - pooled(Vb, Nb, i)).mean()), n_boot=N_BOOT, level=LEVEL,
+            seed=seed)
+        out.update({"effect_rows_lo": ci.lo, "effect_rows_hi": ci.hi})
+    else:
+        out.update({"effect_rows_lo": math.nan, "effect_rows_hi": math.nan})
+    d = (Va - Vb).mean(axis=0)
+    out["p_perm"] = stats.paired_permutation_test(d, np.zeros_like(d), seed=seed).p_value
+    out["p_sign"] = stats.sign_test(d).p_value
+    out["n_rows"] = n_rows
+    return out
+
+
+def row_ci(model_rows: pl.DataFrame, value: str = "ce", *, seed: int = 0) -> tuple[float, float]:
+    """Row-bootstrap CI of a model's token-pooled `value`, averaged over its seeds."""
+    _, V, N = row_matrix(model_rows, value)
+    if V.shape[1] < 2:
+        return math.nan, math.nan
+    ci = stats.bootstrap_ci_indices(V.shape[1], lambda i: float(pooled(V, N, i).mean()), n_boot=N_BOOT,
+                                    level=LEVEL, seed=seed)
+    return ci.lo, ci.hi
+
+
+# --- tokens to target from smoothed curves ----------------------------------------------------------
+
+TARGET_LEVELS = (0.5, 0.8, 0.9, 1.0)
+
+
+def curve_targets(tokens, values, levels=TARGET_LEVELS, window: int = 3) -> list[float]:
+    """Targets on the baseline's smoothed curve s: s_0 - q (s_0 - s_last) for each level q (q = 1: its
+    smoothed final value; q = 0.5: half of its improvement)."""
+    s = stats.smooth_curve(tokens, values, window=window) if len(values) > 1 else np.asarray(values, float)
+    return [float(s[0] - q * (s[0] - s[-1])) for q in levels]
+
+
+def tokens_to_targets(runs: pl.DataFrame, baseline: str, column: str = "eval/ce", levels=TARGET_LEVELS,
+                      window: int = 3) -> pl.DataFrame:
+    """Per (teacher, mixer, placement, seed, level): tokens at which the smoothed curve reaches the same
+    seed's baseline target, and `fraction` = tokens / baseline tokens. Columns: teacher, mixer, placement,
+    seed, level, target, tokens, baseline_tokens, fraction, below_at_start (the first evaluation is already
+    past the target: tokens is an upper bound and the fraction is not a measured speed-up)."""
+    df = runs.filter(pl.col(column).is_not_null())
+    rows = []
+    keys = df.select("teacher", "mixer", "seed").unique().sort(["teacher", "mixer", "seed"], nulls_last=True)
+    for teacher, mixer, seed in keys.iter_rows():
+        g = df.filter((pl.col("teacher") == teacher) & (pl.col("mixer") == mixer)
+                      & (pl.col("seed").is_null() if seed is None else pl.col("seed") == seed))
+        curves = {p: c.sort("tokens") for (p,), c in g.group_by(["placement"])}
+        if baseline not in curves:
+            raise HybridlabError(f"baseline placement {baseline!r} has no curve for {teacher}/{mixer} seed {seed}; "
+                                 "set experiments.distill.baseline_placement to a distilled placement")
+        b = curves[baseline]
+        targets = curve_targets(b["tokens"], b[column], levels, window)
+        base = stats.tokens_to_target(b["tokens"], b[column], targets, window=window)
+        for placement in sorted(curves):
+            c = curves[placement]
+            t = stats.tokens_to_target(c["tokens"], c[column], targets, window=window)
+            for q, (target, x, reached, below), bx in zip(levels, t.iter_rows(), base["x"].to_list()):
+                frac = x / bx if reached and bx and bx > 0 and math.isfinite(bx) else math.nan
+                rows.append({"teacher": teacher, "mixer": mixer, "placement": placement, "seed": seed, "level": q,
+                             "target": target, "tokens": x, "baseline_tokens": bx, "fraction": frac,
+                             "below_at_start": below})
+    schema = {"teacher": pl.String, "mixer": pl.String, "placement": pl.String, "seed": pl.Int64,
+              "level": pl.Float64, "target": pl.Float64, "tokens": pl.Float64, "baseline_tokens": pl.Float64,
+              "fraction": pl.Float64, "below_at_start": pl.Boolean}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+def _seed_eq(seed):
+    return pl.col("seed").is_null() if seed is None else pl.col("seed") == seed
+
+
+def placement_tests_table(rows: pl.DataFrame, baseline: str = "standard_periodic",
+                          expected_sign: int = -1) -> pl.DataFrame:
+    """Each placement against the baseline placement, per (teacher, mixer, metric, lang), on held-out rows.
+
+    Input: `perplexity_rows.parquet` (one row per model x seed x held-out row). lang "all" pools every
+    language's rows. Columns: effect (mean over seeds of the token-pooled metric difference placement -
+    baseline; negative = lower CE / KL than the baseline), effect_lo/hi (t-interval across seeds),
+    effect_rows_lo/hi (bootstrap over held-out rows), p_perm / p_sign (paired tests of the per-row
+    differences averaged over seeds), n_rows, n_seeds and `verdict` (stats.verdict of the seed interval
+    against `expected_sign`: -1, the placement beats the baseline; inconclusive with one seed).
+    """
+    need = ["teacher", "placement", "mixer", "seed", "lang", "row", "n_tokens", "ce", "kl"]
+    missing = [c for c in need if c not in rows.columns]
+    if missing:
+        raise HybridlabError(f"table 'perplexity_rows' lacks columns {missing}; rebuild it with eval_perplexity")
+    stud = rows.filter(pl.col("placement").is_not_null())
+    if baseline not in stud["placement"].to_list():
+        raise HybridlabError(f"baseline placement '{baseline}' has no rows in table 'perplexity_rows'; set "
+                             "experiments.distill.baseline_placement to a distilled placement")
+    out = []
+    for (teacher, mixer), g in stud.sort(["teacher", "mixer"]).group_by(["teacher", "mixer"], maintain_order=True):
+        langs = ["all"] + sorted(g["lang"].unique().to_list())
+        for metric in ("ce", "kl"):
+            for lang in langs:
+                # "all": every held-out row of every language (row ids index one teacher's held-out set)
+                sel = g if lang == "all" else g.filter(pl.col("lang") == lang)
+                base = sel.filter(pl.col("placement") == baseline)
+                for placement in sorted(p for p in sel["placement"].unique().to_list() if p != baseline):
+                    arm = sel.filter(pl.col("placement") == placement)
+                    r = paired_row_comparison(arm, base, metric)
+                    v = stats.verdict(r["effect"], (r["effect_lo"], r["effect_hi"]), expected_sign)
+                    out.append({"teacher": teacher, "mixer": mixer, "metric": metric, "lang": lang,
+                                "placement": placement, "baseline": baseline, **r, "verdict": v})
+    cols = ["teacher", "mixer", "metric", "lang", "placement", "baseline", "n_seeds", "n_rows", "effect",
+            "effect_lo", "effect_hi", "effect_rows_lo", "effect_rows_hi", "p_perm", "p_sign", "verdict"]
+    df = pl.DataFrame(out, orient="row")
+    return df.sort(["teacher", "mixer", "metric", pl.col("lang") != "all", "lang", "placement"]).select(cols)
+
+
+def _distill_columns(runs: pl.DataFrame) -> pl.DataFrame:
+    """Distillation run labels `<teacher>/<placement>-<mixer>` split into columns (as figures does)."""
+    last = pl.col("run").str.split("/").list.last()
+    out = runs.with_columns(teacher=pl.col("run").str.split("/").list.first(),
+                            placement=last.str.replace(r"-[^-]+$", ""), mixer=last.str.extract(r"-([^-]+)$"))
+    return out if "seed" in out.columns else out.with_columns(seed=pl.lit(None, pl.Int64))
+
+
+def tokens_to_target_table(runs: pl.DataFrame, baseline: str = "standard_periodic", column: str = "eval/ce",
+                           levels=TARGET_LEVELS, window: int = 3) -> pl.DataFrame:
+    """Tokens to target from smoothed stage-2 curves, at several targets, aggregated over seeds.
+
+    Per seed, the baseline placement's curve smoothed (centred running mean over `window` evaluations)
+    gives the targets s_0 - q (s_0 - s_last) for q in `levels`; every placement's smoothed curve of the same
+    seed is read at each target (`tokens_to_targets`). One row per (teacher, mixer, placement, level):
+    target (mean over seeds), fraction = tokens / baseline tokens (mean over the seeds that reached it) with
+    its seed t-interval, tokens (mean), n_seeds, n_reached, n_below_at_start (seeds whose first evaluation
+    is already past the target: their fraction is an upper bound, not a measured speed-up).
+    """
+    if column not in runs.columns:
+        raise HybridlabError(f"distill metrics lack column '{column}'; rebuild the distill_stage2 runs")
+    per = tokens_to_targets(_distill_columns(runs), baseline, column, levels, window)
+    rows = []
+    keys = ["teacher", "mixer", "placement", "level"]
+    for key, g in per.sort(keys + ["seed"], nulls_last=True).group_by(keys, maintain_order=True):
+        reached = g.filter(pl.col("fraction").is_not_nan())
+        rows.append({**dict(zip(keys, key)), "target": float(g["target"].mean()),
+                     **spread_columns(reached["fraction"].to_list(), "fraction"),
+                     "tokens": float(reached["tokens"].mean()) if reached.height else math.nan,
+                     "n_seeds_total": g.height, "n_reached": reached.height,
+                     "n_below_at_start": int(g["below_at_start"].sum())})
+    df = pl.DataFrame(rows, orient="row").rename({"n_seeds": "n_seeds_reached", "n_seeds_total": "n_seeds"})
+    return df.select("teacher", "mixer", "placement", "level", "target", "n_seeds", "n_reached", "n_below_at_start",
+                     "fraction", "fraction_lo", "fraction_hi", "tokens")
+
+
+def final_retrieval_scores(score: pl.DataFrame) -> pl.DataFrame:
+    """Per (arm, seed, layer): the retrieval score at the arm's last scored checkpoint, mean over gaps."""
+    df = score if "seed" in score.columns else score.with_columns(seed=pl.lit(None, pl.Int64))
+    last = df.group_by(["arm", "seed"]).agg(last=pl.col("fraction").max())
+    return (df.join(last, on=["arm", "seed"], nulls_equal=True).filter(pl.col("fraction") == pl.col("last"))
+            .group_by(["arm", "seed", "layer", "layer_type"]).agg(score=pl.col("score").mean()))
+
+
+def retrieval_score_table(score: pl.DataFrame) -> pl.DataFrame:
+    """Final Layer Retrieval Ability Score per BLD-SR arm and layer (mean over gaps), mean over seeds with its
+    t-interval across seeds (`score_lo`, `score_hi`; NaN with one seed) and `n_seeds`. Undefined scores
+    (NaN: the model does not tell A from B) are left out of a layer's seeds."""
+    need = ["arm", "fraction", "layer", "layer_type", "gap", "score"]
+    missing = [c for c in need if c not in score.columns]
+    if missing:
+        raise HybridlabError(f"table 'retrieval_score' lacks columns {missing}; rebuild it with eval_retrieval_score")
+    final = final_retrieval_scores(score)
+    return seed_summary(final, ["arm", "layer", "layer_type"], "score").sort(["arm", "layer"])
+
+
+def sr_accuracy_table(runs: pl.DataFrame) -> pl.DataFrame:
+    """Final validation accuracy (per answer digit) of each BLD-SR arm per gap: mean over seeds of the last
+    evaluation, its seed t-interval (`accuracy_lo/_hi`) and `n_seeds`."""
+    cols = sorted(c for c in runs.columns if c.startswith("eval/acc/gap"))
+    if not cols:
+        raise HybridlabError("bld_sr metrics have no 'eval/acc/gap*' columns; rebuild the bld_sr runs")
+    df = runs if "seed" in runs.columns else runs.with_columns(seed=pl.lit(None, pl.Int64))
+    long = (df.select("run", "seed", "step", *cols).unpivot(index=["run", "seed", "step"], on=cols, variable_name="gap")
+            .drop_nulls("value").with_columns(gap=pl.col("gap").str.slice(len("eval/acc/gap")).cast(pl.Int64)))
+    last = long.sort("step").group_by(["run", "seed", "gap"]).agg(accuracy=pl.col("value").last())
+    return seed_summary(last.rename({"run": "arm"}), ["arm", "gap"], "accuracy").sort(["arm", "gap"])

@@ -1,0 +1,220 @@
+"""Uncertainty columns of the results tables and the generated findings table, on toy tables with
+hand-computed values (docs/methods.md "Uncertainty in the tables" and "Findings table")."""
+
+import math
+
+import polars as pl
+import pytest
+
+from hybridlab.errors import HybridlabError
+from hybridlab.plots import figures, findings
+from hybridlab.plots import uncertainty as U
+
+T975_2 = 4.302652729911275  # Student t quantile 0.975, df 2
+T975_1 = 12.706204736174707  # df 1
+
+
+def _rows(diffs=(0.2, 0.21, 0.22), langs=("hin_Deva", "rus_Cyrl"), rows_per_lang=2):
+    """Per-row CE: standard periodic 2.0 on every row; sandwich 2.0 - diffs[seed] on every row (10 tokens each)."""
+    out = []
+    for s, d in enumerate(diffs):
+        r = 0
+        for lang in langs:
+            for _ in range(rows_per_lang):
+                for p, ce in (("standard_periodic", 2.0), ("sandwich", 2.0 - d)):
+                    out.append(dict(model=f"t/{p}-gdn", teacher="t", placement=p, mixer="gdn", seed=s, lang=lang,
+                                    row=r, n_tokens=10, ce=ce, kl=ce / 10))
+                r += 1
+    return pl.DataFrame(out)
+
+
+def test_placement_tests_hand_computed():
+    df = U.placement_tests_table(_rows())
+    ce = df.filter(pl.col("metric") == "ce")
+    assert ce["lang"].to_list() == ["all", "hin_Deva", "rus_Cyrl"]
+    allr = ce.row(0, named=True)
+    # per-seed differences -0.2, -0.21, -0.22: mean -0.21, sd 0.01, t-interval +- t(0.975, 2) * 0.01 / sqrt(3)
+    half = T975_2 * 0.01 / math.sqrt(3)
+    assert allr["effect"] == pytest.approx(-0.21)
+    assert (allr["effect_lo"], allr["effect_hi"]) == pytest.approx((-0.21 - half, -0.21 + half))
+    # every row has the same difference in a seed, so every row resample gives the same mean
+    assert (allr["effect_rows_lo"], allr["effect_rows_hi"]) == pytest.approx((-0.21, -0.21))
+    # 4 rows, all negative: exact sign-flip p = 2/16, sign test p = 2 * (1/2)^4
+    assert allr["p_perm"] == pytest.approx(2 / 16) and allr["p_sign"] == pytest.approx(2 / 16)
+    assert allr["n_rows"] == 4 and allr["n_seeds"] == 3 and allr["verdict"] == "reproduced"
+    hin = ce.row(1, named=True)
+    assert hin["n_rows"] == 2 and hin["p_perm"] == pytest.approx(0.5) and hin["p_sign"] == pytest.approx(0.5)
+    kl = df.filter((pl.col("metric") == "kl") & (pl.col("lang") == "all")).row(0, named=True)
+    assert kl["effect"] == pytest.approx(-0.021)
+    with pytest.raises(HybridlabError, match="baseline placement 'reverse_periodic'"):
+        U.placement_tests_table(_rows(), baseline="reverse_periodic")
+
+
+def test_placement_tests_one_seed_is_inconclusive():
+    r = U.placement_tests_table(_rows(diffs=(0.5,))).row(0, named=True)
+    assert r["effect"] == pytest.approx(-0.5) and math.isnan(r["effect_lo"]) and r["verdict"] == "inconclusive"
+
+
+def _distill(seeds=(0, 1)):
+    """Linear toy curves at tokens 0..400: baseline 5 -> 1, sandwich 4 -> 0, endpoint_spread 0.9 -> 0.5."""
+    frames = {}
+    curves = {"standard_periodic": [5, 4, 3, 2, 1], "sandwich": [4, 3, 2, 1, 0],
+              "endpoint_spread": [0.9, 0.8, 0.7, 0.6, 0.5]}
+    for s in seeds:
+        for p, ys in curves.items():
+            frames[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": [0, 1, 2, 3, 4], "tokens": [0, 100, 200, 300, 400],
+                                                         "eval/ce": [float(y) for y in ys], "eval/kl": [0.1] * 5})
+    return figures.concat_runs(frames)
+
+
+def test_concat_runs_splits_the_seed_prefix():
+    d = _distill()
+    assert sorted(d["seed"].unique().to_list()) == [0, 1]
+    assert sorted(d["run"].unique().to_list()) == ["t/endpoint_spread-gdn", "t/sandwich-gdn", "t/standard_periodic-gdn"]
+    assert figures.split_seed("seed12/a/b") == ("a/b", 12) and figures.split_seed("seedling/x") == ("seedling/x", None)
+
+
+def test_tokens_to_target_from_smoothed_curves_hand_computed():
+    df = U.tokens_to_target_table(_distill())
+    sw = df.filter(pl.col("placement") == "sandwich").sort("level")
+    # a straight line is unchanged by the centred running mean; targets 5 - 4q: 3, 1.8, 1.4, 1 for q = .5 .8 .9 1
+    assert sw["target"].to_list() == pytest.approx([3.0, 1.8, 1.4, 1.0])
+    # baseline reaches them at 200, 320, 360, 400 tokens; sandwich (one lower) at 100, 220, 260, 300
+    assert sw["fraction"].to_list() == pytest.approx([0.5, 220 / 320, 260 / 360, 0.75])
+    assert sw["fraction_lo"].to_list() == pytest.approx(sw["fraction"].to_list())  # identical seeds: zero width
+    assert sw["n_seeds"].to_list() == [2] * 4 and sw["n_below_at_start"].to_list() == [0] * 4
+    ep = df.filter(pl.col("placement") == "endpoint_spread")
+    # already below every target at its first evaluation: fraction 0 is an upper bound, flagged for both seeds
+    assert ep["fraction"].to_list() == [0.0] * 4 and ep["n_below_at_start"].to_list() == [2] * 4
+    base = df.filter(pl.col("placement") == "standard_periodic")
+    assert base["fraction"].to_list() == pytest.approx([1.0] * 4)
+
+
+def _score():
+    rows = []
+    for s in (0, 1):
+        for arm in ("baseline", "freeze0-0.2"):
+            for f in (0.5, 1.0):
+                for layer, lt in ((0, "kda"), (1, "full_attention")):
+                    if arm == "baseline":
+                        v = (0.8 + 0.1 * s) if layer == 0 else 0.1
+                    else:
+                        v = 0.0 if layer == 0 else 0.9 + 0.05 * s
+                    for g in (8, 32):
+                        rows.append(dict(arm=arm, seed=s, step=int(f * 10), fraction=f, long_gap_fraction=0.0,
+                                         layer=layer, layer_type=lt, gap=g, score=v if f == 1.0 else 0.0, n=4))
+    return pl.DataFrame(rows)
+
+
+def test_retrieval_score_table_seed_interval():
+    df = U.retrieval_score_table(_score())
+    b0 = df.filter((pl.col("arm") == "baseline") & (pl.col("layer") == 0)).row(0, named=True)
+    half = T975_1 * math.sqrt(0.005) / math.sqrt(2)  # seeds 0.8, 0.9: sd sqrt(0.005)
+    assert b0["score"] == pytest.approx(0.85) and b0["n_seeds"] == 2
+    assert (b0["score_lo"], b0["score_hi"]) == pytest.approx((0.85 - half, 0.85 + half))
+
+
+def _nl_runs(diffs=(-0.2, -0.19, -0.21)):
+    frames = {}
+    for s, d in enumerate(diffs):
+        for v, ce in (("baseline", 5.0 + 0.1 * s), ("bld", 5.0 + 0.1 * s + d)):
+            frames[f"seed{s}/kda-{v}"] = pl.DataFrame({"step": [1, 2], "tokens": [10, 20], "loss": [6.0, 5.5],
+                                                       "eval/ce": [6.0, ce]})
+    return figures.concat_runs(frames)
+
+
+def test_bld_nl_table_paired_over_seeds():
+    summary = pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, ppl=1.0, long_ppl=1.0,
+                                 n_key_tokens=1, evaluator="kda-baseline") for v in ("baseline", "bld")])
+    df = figures.bld_nl_table(_nl_runs(), summary)
+    bld = df.filter(pl.col("variant") == "bld").row(0, named=True)
+    half = T975_2 * 0.01 / math.sqrt(3)
+    assert bld["ce_vs_baseline"] == pytest.approx(-0.2) and bld["n_seeds"] == 3
+    assert (bld["ce_vs_baseline_lo"], bld["ce_vs_baseline_hi"]) == pytest.approx((-0.2 - half, -0.2 + half))
+    assert bld["p_sign"] == pytest.approx(0.25)  # 3 of 3 negative: 2 / 8
+    base = df.filter(pl.col("variant") == "baseline").row(0, named=True)
+    assert base["final_eval_ce"] == pytest.approx(5.1) and base["ce_vs_baseline"] == pytest.approx(0.0)
+
+
+def test_perplexity_and_kl_tables_pair_seeds():
+    rows = []
+    for s in (0, 1, 2):
+        for p, (ppl, kl) in {"standard_periodic": (20.0, 0.4), "sandwich": (16.0 + s, 0.1 + 0.1 * s)}.items():
+            rows.append(dict(model=f"t/{p}-gdn", teacher="t", placement=p, mixer="gdn", seed=s, lang="hin_Deva",
+                             n_tokens=10, ce=1.0, ppl=ppl, kl=kl))
+    rows.append(dict(model="t", teacher="t", placement=None, mixer=None, seed=None, lang="hin_Deva", n_tokens=10,
+                     ce=1.0, ppl=10.0, kl=None))
+    ppl = pl.DataFrame(rows)
+    t = figures.perplexity_table(ppl).row(0, named=True)
+    # per seed 16/20 - 1, 17/20 - 1, 18/20 - 1 = -0.2, -0.15, -0.1: mean -0.15, sd 0.05
+    half = T975_2 * 0.05 / math.sqrt(3)
+    assert t["sandwich"] == pytest.approx(17.0) and t["best_placement"] == "sandwich"
+    assert t["best_vs_baseline"] == pytest.approx(-0.15) and t["n_seeds"] == 3
+    assert (t["best_vs_baseline_lo"], t["best_vs_baseline_hi"]) == pytest.approx((-0.15 - half, -0.15 + half))
+    k = figures.kl_reduction_table(ppl).row(0, named=True)
+    # 1 - (0.1, 0.2, 0.3) / 0.4 = 0.75, 0.5, 0.25: mean 0.5, sd 0.25
+    half = T975_2 * 0.25 / math.sqrt(3)
+    assert k["kl_reduction"] == pytest.approx(0.5)
+    assert (k["kl_reduction_lo"], k["kl_reduction_hi"]) == pytest.approx((0.5 - half, 0.5 + half))
+
+
+def test_niah_cells_wilson():
+    df = pl.DataFrame([dict(pair="p", role="hybrid", lang="eng_Latn", task=t, context_tokens=64, n=5, accuracy=a,
+                            seconds=0.1, oom=False) for t, a in (("a", 0.8), ("b", 0.8))])
+    c = figures.niah_cells(df).row(0, named=True)
+    assert (c["k"], c["n"]) == (8, 10)
+    assert (c["accuracy_lo"], c["accuracy_hi"]) == pytest.approx((0.4902, 0.9433), abs=1e-4)  # 8/10
+
+
+def test_sr_accuracy_table_last_eval_over_seeds():
+    frames = {f"seed{s}/baseline": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, 0.5 + 0.1 * s]})
+              for s in (0, 1)}
+    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    assert (r["arm"], r["gap"], r["n_seeds"]) == ("baseline", 8, 2) and r["accuracy"] == pytest.approx(0.55)
+
+
+def test_findings_table_effects_cis_and_verdicts():
+    from test_plots import _niah, _softcka
+
+    sr_runs = figures.concat_runs({f"seed{s}/{a}": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, acc + 0.01 * s]})
+                                   for s in (0, 1) for a, acc in (("baseline", 0.9), ("freeze0-0.2", 1.0))})
+    df = findings.findings_table(_rows(), _distill(), _softcka(), _niah(), _score(), sr_runs, _nl_runs())
+    assert set(df.columns) == set(findings.COLUMNS)
+    assert set(df["verdict"]) <= {"reproduced", "contradicted", "inconclusive"}
+    by = {(r["finding"], r["comparison"]): r for r in df.iter_rows(named=True)}
+
+    def get(finding_start, comparison_part):
+        (row,) = [r for (f, c), r in by.items() if f.startswith(finding_start) and comparison_part in c]
+        return row
+
+    ce = get("an FA-first placement has lower", "sandwich")
+    assert ce["effect"] == pytest.approx(-0.21) and ce["verdict"] == "reproduced" and ce["p_value"] == pytest.approx(0.125)
+    tt = get("FA-first placements reach", "sandwich")
+    assert tt["effect"] == pytest.approx(-0.25) and tt["n_seeds"] == 2  # fraction 0.75 at the final-loss target
+    ep = get("FA-first placements reach", "endpoint_spread")
+    assert ep["effect"] == pytest.approx(-1.0) and "upper bound" in ep["note"]
+    comp = get("without BLD", "baseline")
+    half = T975_1 * math.sqrt(0.005) / math.sqrt(2)
+    assert comp["effect"] == pytest.approx(0.75) and (comp["ci_lo"], comp["ci_hi"]) == pytest.approx((0.75 - half, 0.75 + half))
+    assert comp["verdict"] == "reproduced"
+    mv = get("freezing the recurrent layers", "freeze0-0.2")
+    assert mv["effect"] == pytest.approx(0.825) and mv["verdict"] == "reproduced"
+    acc = get("BLD does not cost", "freeze0-0.2")
+    assert acc["effect"] == pytest.approx(0.1)
+    nl = get("BLD lowers", "kda")
+    half = T975_2 * 0.01 / math.sqrt(3)
+    assert nl["effect"] == pytest.approx(-0.2) and (nl["ci_lo"], nl["ci_hi"]) == pytest.approx((-0.2 - half, -0.2 + half))
+    assert nl["verdict"] == "reproduced"
+    # one seed's models (SoftCKA, NIAH): inconclusive whatever the interval over languages / examples
+    sc = get("SoftCKA jumps", "teacher vs sp-gdn")
+    assert sc["effect"] == pytest.approx(0.0) and sc["verdict"] == "inconclusive" and "one seed" in sc["note"]
+    ni = get("hybrids degrade less", "teacher vs sp-gdn")
+    # synthetic NIAH: hybrid 0.5 at 64 and 256; dense 0.5 at 64, 0 (OOM) at 256: effect 0 - (-0.5) = 0.5
+    assert ni["effect"] == pytest.approx(0.5) and ni["verdict"] == "inconclusive"
+
+
+def test_decide_needs_two_seeds():
+    assert findings.decide(-0.1, -0.2, -0.05, -1, 2) == ("reproduced", "")
+    assert findings.decide(-0.1, -0.2, -0.05, +1, 3) == ("contradicted", "")
+    assert findings.decide(-0.1, -0.2, 0.05, -1, 3) == ("inconclusive", "")
+    assert findings.decide(-0.1, -0.2, -0.05, -1, 1) == ("inconclusive", "one seed")
