@@ -218,3 +218,25 @@ def test_decide_needs_two_seeds():
     assert findings.decide(-0.1, -0.2, -0.05, +1, 3) == ("contradicted", "")
     assert findings.decide(-0.1, -0.2, 0.05, -1, 3) == ("inconclusive", "")
     assert findings.decide(-0.1, -0.2, -0.05, -1, 1) == ("inconclusive", "one seed")
+
+
+def test_readme_splice_is_exact_and_idempotent(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{findings.BEGIN}\nold\n{findings.END}\n\nafter\n")
+    table = tmp_path / "table_findings.md"
+    table.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+    script = Path(__file__).resolve().parents[1] / "workflow_scripts/readme_findings.py"
+    for _ in range(2):
+        r = subprocess.run([sys.executable, str(script), "--table", str(table), "--readme", str(readme)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    text = readme.read_text()
+    assert "old" not in text and "| 1 | 2 |" in text and text.endswith("\n\nafter\n") and text.count("| a |") == 1
+    readme.write_text("no markers\n")
+    r = subprocess.run([sys.executable, str(script), "--table", str(table), "--readme", str(readme)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "needs exactly one" in r.stderr

@@ -259,3 +259,18 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")
     return pl.DataFrame(rows, schema=COLUMNS, orient="row")
+
+
+BEGIN, END = "<!-- findings table: generated, begin -->", "<!-- findings table: generated, end -->"
+
+
+def splice_into(text: str, table_md: str, source: str) -> str:
+    """`text` (the README) with the lines between the BEGIN and END markers replaced by `table_md` as
+    generated, preceded by one line naming its `source` file. Idempotent; one-line error without markers."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise HybridlabError(f"the README needs exactly one '{BEGIN}' line followed by one '{END}' line; add "
+                             "them where the findings table goes")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    body = f"\n_Generated from `{source}`; do not edit by hand._\n\n{table_md.rstrip()}\n"
+    return f"{head}{BEGIN}{body}{END}{tail}"

@@ -1,0 +1,39 @@
+"""Copy a generated findings table into the README between its markers (hybridlab.plots.findings).
+
+    python workflow_scripts/readme_findings.py --table results/figures/tiny/table_findings.md --readme README.md
+
+The README then shows the table exactly as `table_findings` produced it (after `make all`); nothing is
+typed by hand. Idempotent: a second run with the same table changes nothing.
+"""
+
+import argparse
+from pathlib import Path
+
+import _common
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--table", required=True, help="the generated table_findings.md")
+    p.add_argument("--readme", default="README.md", help="the file with the findings markers")
+    args = p.parse_args()
+
+    from hybridlab.errors import HybridlabError
+    from hybridlab.plots.findings import splice_into
+
+    table, readme = Path(args.table), Path(args.readme)
+    if not table.is_file():
+        raise HybridlabError(f"{table} does not exist; build it first: snakemake table_findings --config "
+                             "scale=<preset>")
+    if not readme.is_file():
+        raise HybridlabError(f"{readme} does not exist; pass --readme with the file holding the findings markers")
+    new = splice_into(readme.read_text(), table.read_text(), str(table))
+    if new != readme.read_text():
+        readme.write_text(new)
+        print(f"{readme}: findings table replaced from {table}")
+    else:
+        print(f"{readme}: already shows {table}")
+
+
+if __name__ == "__main__":
+    _common.run(main)
