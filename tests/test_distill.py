@@ -325,7 +325,7 @@ def test_with_overall_pools_languages_by_tokens():
 ])
 def test_bad_distill_config_values_give_one_line_errors(change, message):
     import yaml
-    from conftest import ROOT
+    from smoke import ROOT
 
     from hybridlab.config import validate
 
@@ -334,19 +334,3 @@ def test_bad_distill_config_values_give_one_line_errors(change, message):
     with pytest.raises(HybridlabError) as err:
         validate(config)
     assert message in str(err.value) and "\n" not in str(err.value)
-
-
-def test_run_fingerprint_follows_settings_and_model_files(tmp_path):
-    model = tmp_path / "student"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"weights")
-    (model / "hybrid.json").write_text("{}")
-    (model / "summary.json").write_text("{\"seconds\": 1}")
-    base = distill.run_fingerprint({"lr": 1e-3}, model, "org/teacher")
-    assert distill.run_fingerprint({"lr": 1e-3}, model, "org/teacher") == base
-    (model / "summary.json").write_text("{\"seconds\": 2}")  # provenance only: not part of the model
-    assert distill.run_fingerprint({"lr": 1e-3}, model, "org/teacher") == base
-    assert distill.run_fingerprint({"lr": 3e-4}, model, "org/teacher") != base
-    assert distill.run_fingerprint({"lr": 1e-3}, model, "org/other") != base
-    (model / "model.safetensors").write_bytes(b"weightz")
-    assert distill.run_fingerprint({"lr": 1e-3}, model, "org/teacher") != base

@@ -5,8 +5,8 @@ mixer's output and the frozen teacher's attention output (`hybridlab.train.disti
 `--stage 2`: the student is the stage-1 result; the whole student trains on forward KL(teacher || student)
 of the logits, chunked so the vocabulary never materialises (`Stage2Task`).
 
-Both stages run the shared loop (resumable from --work after a kill, `--restart` starts over; a --work run
-of other settings or input models, per `distill.run_fingerprint`, is started over) and evaluate
+Both stages run the shared loop (resumable after a kill, `--restart` starts over; the work directory under
+--work is keyed by the settings and input contents, `hybridlab.train.run`, so other inputs start over) and evaluate
 held-out CE and KL, overall and per language, every `eval_every_tokens` tokens on the val split; stage 1
 also logs the held-out alignment loss. The evaluation before the first update is stored as a step-0 row.
 Writes --out in `save_hybrid` layout (config.json, model.safetensors, hybrid.json) plus metrics.parquet and
@@ -56,7 +56,13 @@ def main() -> None:
     seq_len = train_set.seq_len
     every = {k: distill.eval_interval_steps(params[f"{k}_every_tokens"], run["micro_batch_size"],
                                             run.get("grad_accum", 1), seq_len) for k in ("eval", "ckpt")}
-    cfg = TrainConfig.from_dict({"out_dir": args.work, "seed": params["seed"], "seq_len": seq_len,
+    from hybridlab.train.run import work_dir
+
+    # keyed by settings + input contents (models and mixture): a run of other inputs is never resumed
+    # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
+    work = work_dir(args.work, {"stage": args.stage, **params}, [args.student, args.teacher, args.mixture],
+                    restart=args.restart, is_main=int(os.environ.get("RANK", "0")) == 0)
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len,
                                  "eval_every": every["eval"], "ckpt_every": every["ckpt"],
                                  "activation_checkpointing": params["gradient_checkpointing"], **run})
 
@@ -100,20 +106,8 @@ def main() -> None:
             task.clear()
         return out
 
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    # A run directory left by other settings or other input models must not be resumed (Snakemake reruns
-    # stage 2 when stage 1 changed, for instance): start over, and say so.
-    restart = args.restart
-    stamp = work / "fingerprint.txt"
-    fingerprint = distill.run_fingerprint({"stage": args.stage, **params}, args.student, args.teacher)
-    if not restart and (work / "checkpoints").exists() and (not stamp.exists() or stamp.read_text() != fingerprint):
-        print(f"{work} holds a run of other settings or inputs; starting over")
-        restart = True
-    if is_main:
-        stamp.write_text(fingerprint)
     initial_path = work / "initial_eval.json"
-    want_initial = restart or not initial_path.exists()
+    want_initial = not initial_path.exists()
     if ctx is not None:  # one decision for all ranks (rank 0 writes the file the others would see)
         want_initial = ctx.all_gather_object(want_initial)[0]
     if want_initial and (is_main or ctx is not None):  # a sharded teacher needs every rank in the call
@@ -125,7 +119,7 @@ def main() -> None:
             initial_path.write_text(json.dumps(initial, sort_keys=True))
 
     t0 = time.perf_counter()
-    result = train(student, task, train_set, cfg, eval_fn=eval_fn, restart=restart,
+    result = train(student, task, train_set, cfg, eval_fn=eval_fn,
                    grad_norm_groups=distill.grad_norm_groups())
     seconds = time.perf_counter() - t0
     if ctx is not None:

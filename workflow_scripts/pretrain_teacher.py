@@ -32,6 +32,7 @@ def main() -> None:
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.train.config import TrainConfig
     from hybridlab.train.loop import train
+    from hybridlab.train.run import work_dir
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language, unigram_entropy
 
     tok = load_tokenizer(args.tokenizer)
@@ -51,7 +52,9 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"teacher: {n_params / 1e6:.2f}M parameters, {len(train_set)} train rows of {seq_len} tokens")
 
-    cfg = TrainConfig.from_dict({"out_dir": args.work, "seed": params["seed"], "log_every": 10, **run})
+    # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
+    work = work_dir(args.work, params, [args.mixture, args.tokenizer], restart=args.restart, is_main=_common.is_main())
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "log_every": 10, **run})
     # Before any update: every token id fits the embedding, and the run's tokens fit in the mixture.
     check_train_data(args.mixture, model, what="teacher", need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
                      epochs=epochs, fix="raise data.mixture_tokens")
@@ -60,7 +63,7 @@ def main() -> None:
         return heldout_ce_by_language(model, val_set, max_rows_per_language=eval_rows,
                                       device=next(model.parameters()).device)
 
-    result = train(model, CausalLMTask(), train_set, cfg, eval_fn=eval_fn, restart=args.restart)
+    result = train(model, CausalLMTask(), train_set, cfg, eval_fn=eval_fn)
     if not _common.is_main():  # every rank holds the trained weights; rank 0 publishes
         return
     final = eval_fn(model.eval(), result.step)
@@ -70,7 +73,7 @@ def main() -> None:
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    shutil.copy(Path(args.work) / "metrics.parquet", tmp / "metrics.parquet")
+    shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
     summary = {"parameters": n_params, "steps": result.step, "tokens": result.tokens,
                "heldout": final, "unigram_baseline_ce": baseline}
     (tmp / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))

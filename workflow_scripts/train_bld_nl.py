@@ -58,7 +58,11 @@ def main() -> None:
     steps = bld_nl.total_steps(run, n_params)
     plan = bld_nl.plan_arm(model, arm, steps, freeze_fraction=exp["freeze_fraction"], scope=exp["freeze_scope"],
                            optimizer_after_unfreeze=exp["optimizer_after_unfreeze"])
-    cfg = TrainConfig.from_dict(bld_nl.train_config_dict(run, out_dir=args.work, seed=seed, steps=steps, plan=plan))
+    from hybridlab.train.run import work_dir
+
+    # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
+    work = work_dir(args.work, params, [args.mixture, args.tokenizer], restart=args.restart, is_main=_common.is_main())
+    cfg = TrainConfig.from_dict(bld_nl.train_config_dict(run, out_dir=str(work), seed=seed, steps=steps, plan=plan))
     # Before any update: token ids fit the embedding, and the arm's tokens fit in the English mixture.
     why = f"{run['tokens_per_param']:g} tokens/param" if "tokens_per_param" in run else f"{steps} updates"
     check_train_data(args.mixture, model, what=f"bld_nl {arm.name}", need_tokens=steps * cfg.batch_size * run["context_len"],
@@ -76,7 +80,7 @@ def main() -> None:
                                       device=next(model.parameters()).device)
 
     result = train(model, CausalLMTask(), train_set, cfg, on_step_start=plan.schedules, eval_fn=eval_fn,
-                   grad_norm_groups=groups, restart=args.restart)
+                   grad_norm_groups=groups)
     if not _common.is_main():  # every rank holds the trained weights; rank 0 publishes
         return
     final = eval_fn(model.eval(), result.step)
@@ -85,7 +89,7 @@ def main() -> None:
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_hybrid(model, tmp, tokenizer=tok)
-    shutil.copy(Path(args.work) / "metrics.parquet", tmp / "metrics.parquet")
+    shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
     summary = {"arm": arm.name, "mixer": arm.mixer, "size": arm.size, "variant": arm.variant,
                "parameters": n_params, "steps": result.step, "tokens": result.tokens,
                "context_len": run["context_len"], "freeze_windows": plan.windows,

@@ -17,7 +17,6 @@ Resumable: loop checkpoints live in `--work`; rerunning after a kill continues t
 different run (any parameter changed) in an existing `--work` starts over (the old run is obsolete).
 """
 
-import hashlib
 import json
 import shutil
 import time
@@ -72,19 +71,11 @@ def main() -> None:
     eval_rows = run.pop("eval_rows_per_gap")
     steps = run["steps"]
     plan = plan_bld(model, arm.freeze, steps)
-    cfg = TrainConfig.from_dict({"out_dir": args.work, "seed": seed, **run, **plan.train_config_overrides()})
+    from hybridlab.train.run import work_dir
 
-    work = Path(args.work)
-    fingerprint = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    stamp = work / "run.json"
-    restart = args.restart
-    if not restart and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") != fingerprint:
-        print(f"{work} holds a run with other parameters; starting over")
-        restart = True
-    if restart:
-        shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps({"fingerprint": fingerprint, "params": params}, indent=1, sort_keys=True))
+    # keyed by params + the data's contents: other inputs start over instead of resuming (hybridlab.train.run)
+    work = work_dir(args.work, params, [args.data], restart=args.restart, is_main=_common.is_main())
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": seed, **run, **plan.train_config_overrides()})
 
     score_at = srt.score_steps(params["score_fractions"], steps)
     ckpt = srt.ScoreCheckpointer(str(work / "score_checkpoints"), score_at)

@@ -358,31 +358,6 @@ def grad_norm_groups() -> dict:
 
 
 # ---- run identity ----------------------------------------------------------------------------------
-def run_fingerprint(settings: dict, *model_paths) -> str:
-    """Hash of a stage's settings and its input models' files (weights, configs, hybrid spec).
-
-    A run directory whose checkpoints carry another fingerprint was trained from other inputs or settings
-    (e.g. Snakemake reruns stage 2 after stage 1 changed); resuming it would silently continue the wrong run.
-    A model given as a hub id (not a directory) contributes its name.
-    """
-    import hashlib
-    import json
-    from pathlib import Path
-
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
-    for model in model_paths:
-        path = Path(model)
-        files = sorted(f for f in path.iterdir() if f.suffix == ".safetensors" or f.name in MODEL_JSON) \
-            if path.is_dir() else []
-        h.update(str(model if not files else len(files)).encode())
-        for f in files:
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 24), b""):
-                    h.update(block)
-    return h.hexdigest()[:16]
-
-
 # ---- tables over finished runs ---------------------------------------------------------------------
 ALL_LANGS = "all"
 

@@ -166,6 +166,8 @@ class _Run:
             self.metrics.resume(upto_step=0)
             return 0, 0
         load_checkpoint(path, self.model, self.opt.optimizers, state)
+        if ctx.is_main:
+            print(f"resuming from {path} at update {state['step']} of {cfg.total_steps()}", flush=True)
         try:
             self.sampler.load_state_dict(state["sampler"])
         except (ValueError, KeyError) as e:
