@@ -187,6 +187,19 @@ def test_pull_refuses_a_stale_stage(published, dvc_env):
     assert not (clone / ".snakemake" / "metadata").exists(), "stale outputs must not be marked complete"
 
 
+def test_pull_refuses_the_models_stage_after_a_library_edit(published, dvc_env):
+    """The teacher trains in the models phase: an edit under src/hybridlab/train makes that stage stale."""
+    work, repo = published
+    clone = work / "clone-stale-lib"
+    git(work, "clone", "-q", str(repo), str(clone))
+    loop = clone / "src" / "hybridlab" / "train" / "loop.py"
+    loop.write_text(loop.read_text() + "\n# a local edit after the cache was made\n")
+    with pytest.raises(HybridlabError, match=r"models: changed deps src/hybridlab modified") as err:
+        cache.pull(TARGETS, repo=clone)
+    assert "\n" not in str(err.value)
+    assert not (clone / ".snakemake" / "metadata").exists(), "stale outputs must not be marked complete"
+
+
 def test_pull_errors_name_the_fix(published, smoke_workdir, tmp_path_factory):
     _, repo = published
     with pytest.raises(HybridlabError, match=r"scale: smoke"):
