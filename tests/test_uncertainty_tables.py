@@ -240,3 +240,50 @@ def test_readme_splice_is_exact_and_idempotent(tmp_path):
     r = subprocess.run([sys.executable, str(script), "--table", str(table), "--readme", str(readme)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "needs exactly one" in r.stderr
+
+
+def test_softcka_sentence_bootstrap():
+    import torch
+
+    from hybridlab.eval.softcka import cka_bootstrap, cka_from_grams, soft_cka
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    K = X @ X.T
+    same = cka_bootstrap(K, K, 200)
+    assert same.estimate == pytest.approx(1.0) and (same.lo, same.hi) == pytest.approx((1.0, 1.0))
+    L = K + 0.5 * torch.eye(12, dtype=torch.float64)
+    ci = cka_bootstrap(L, K, 200, seed=3)
+    assert ci.estimate == pytest.approx(cka_from_grams(L, K)) and ci.lo <= ci.hi <= 1.0
+    # the same sentence indices for both Grams: a resample duplicating sentences of identical Grams stays 1
+    sets = [torch.randn(3, 4, generator=g) for _ in range(10)]
+    r = soft_cka(sets, sets, n_boot=100)
+    assert (r.cka_lo, r.cka_hi) == pytest.approx((1.0, 1.0)) and r.alignment_lo == pytest.approx(1.0)
+    assert math.isnan(soft_cka(sets, sets).cka_lo)  # n_boot 0: no interval
+
+
+def test_softcka_first_fa_table_carries_the_bootstrap():
+    from test_plots import _softcka
+
+    t = figures.softcka_first_fa_table(_softcka().with_columns(cka_lo=pl.col("cka") - 0.01,
+                                                               cka_hi=pl.col("cka") + 0.02))
+    row = t.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
+    assert (row["cka_after_lo"], row["cka_after_hi"]) == pytest.approx((0.64, 0.67))
+    assert (row["cka_before_lo"], row["cka_before_hi"]) == pytest.approx((0.74, 0.77))
+
+
+def test_figures_draw_uncertainty():
+    from matplotlib.collections import PolyCollection
+
+    from test_plots import _niah, _softcka
+
+    def bands(fig):
+        return sum(isinstance(c, PolyCollection) for ax in fig.axes for c in ax.collections)
+
+    soft = _softcka().with_columns(cka_lo=pl.col("cka") - 0.01, cka_hi=pl.col("cka") + 0.01)
+    assert bands(figures.softcka_pairs(soft)) == 4  # 2 languages x hybrid / dense
+    assert bands(figures.softcka_pairs(_softcka())) == 0
+    # three seeds of the same two curves: one band per placement and panel (CE, KL)
+    assert bands(figures.distill_curves(_distill(seeds=(0, 1, 2)))) >= 2
+    fig = figures.niah(_niah())
+    assert any(c.__class__.__name__ == "LineCollection" for c in fig.axes[0].collections)  # Wilson error bars

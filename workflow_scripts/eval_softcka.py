@@ -21,6 +21,9 @@ Output `--out` (tidy parquet), one row per (model, pair, kind, layer, lang):
   alignment  - mean per-pair alignment of `alignment_method` (kme: the defined centred cosine of kernel
                mean embeddings in one space; gram_rows: cosine of centred Gram rows)
   alignment_gram_rows - the gram_rows variant (always reported)
+  cka_lo, cka_hi, alignment_lo, alignment_hi - 95 % percentile bootstrap over the N sentences
+               (`softcka.n_boot` replicates, seed `seed`; NaN with n_boot 0): CKA recomputed from both Grams'
+               rows and columns at the resampled sentences; the mean of the resampled per-pair alignments
   n_sentences, method (exact | rff), sigma_eng, sigma_x (RBF bandwidths), sigma_pair (the pooled bandwidth
   of the kme alignment; null for gram_rows), sigma_convention
 """
@@ -101,14 +104,16 @@ def main() -> None:
                     res = soft_cka(eng_sets[(kind, layer)], cap.flat(kind, layer), method=method,
                                    eng_gram=eng_grams[(kind, layer)], block_tokens=cfg["block_tokens"], device=device,
                                    n_features=cfg["rff_features"], seed=params["seed"], sigma_convention=convention,
-                                   alignment=alignment)
+                                   alignment=alignment, n_boot=cfg.get("n_boot", 0))
                     if kind == "hidden":
                         ltype = "embedding" if layer == 0 else types[layer - 1]
                     else:
                         ltype = types[layer]
                     for key in pairs.pair_rows(m):
                         rows.append(key | {"kind": kind, "layer": layer, "layer_type": ltype, "lang": lang,
-                                           "cka": res.cka, "cka_debiased": res.cka_debiased,
+                                           "cka": res.cka, "cka_lo": res.cka_lo, "cka_hi": res.cka_hi,
+                                           "cka_debiased": res.cka_debiased,
+                                           "alignment_lo": res.alignment_lo, "alignment_hi": res.alignment_hi,
                                            "alignment": res.alignment, "alignment_method": res.alignment_method,
                                            "alignment_gram_rows": res.alignment_gram_rows,
                                            "n_sentences": res.n_sentences, "method": res.method,

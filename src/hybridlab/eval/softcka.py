@@ -87,6 +87,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from hybridlab.errors import HybridlabError
@@ -457,14 +458,41 @@ class SoftCkaResult:
     sigma_convention: str
     n_sentences: int
     method: str  # "exact" or "rff"
+    # percentile bootstrap over sentences (n_boot > 0; NaN otherwise): plain CKA recomputed from the rows and
+    # columns of both Grams at the resampled sentences; alignment = mean of the per-pair values resampled
+    cka_lo: float = math.nan
+    cka_hi: float = math.nan
+    alignment_lo: float = math.nan
+    alignment_hi: float = math.nan
+
+
+def cka_bootstrap(K: torch.Tensor, L: torch.Tensor, n_boot: int, seed: int = 0, level: float = 0.95):
+    """Percentile bootstrap CI of the plain CKA over sentences: replicate b recomputes CKA from
+    K[I_b, I_b] and L[I_b, I_b] (re-centred), the same sentence indices I_b for both Grams
+    (`stats.bootstrap_ci_indices`; a sentence drawn twice appears twice)."""
+    from hybridlab.eval.stats import bootstrap_ci_indices
+
+    Kn, Ln = K.double().cpu().numpy(), L.double().cpu().numpy()
+
+    def fn(i):
+        k, l_ = Kn[np.ix_(i, i)], Ln[np.ix_(i, i)]
+        kc = k - k.mean(0, keepdims=True) - k.mean(1, keepdims=True) + k.mean()
+        lc = l_ - l_.mean(0, keepdims=True) - l_.mean(1, keepdims=True) + l_.mean()
+        den = math.sqrt(float((kc * kc).sum()) * float((lc * lc).sum()))
+        return float((kc * lc).sum()) / den if den > 0 else math.nan
+
+    return bootstrap_ci_indices(K.shape[0], fn, n_boot=n_boot, level=level, seed=seed)
 
 
 def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
              eng_gram: tuple[torch.Tensor, float] | None = None, block_tokens: int = 1024,
              device: str | torch.device | None = None, n_features: int = 2048, seed: int = 0,
              orthogonal: bool = True, median_pairs: int = MEDIAN_PAIRS,
-             sigma_convention: str = "median_distance", alignment: str = "kme") -> SoftCkaResult:
+             sigma_convention: str = "median_distance", alignment: str = "kme", n_boot: int = 0) -> SoftCkaResult:
     """SoftCKA between English and language X token sets (same sentence order, any token counts).
+
+    `n_boot` > 0 adds percentile bootstrap CIs over sentences (`cka_lo/hi` by `cka_bootstrap`,
+    `alignment_lo/hi` over the per-pair alignments), replicates drawn from `seed`.
 
     `eng_gram` = a (K, sigma) pair from `sentence_gram`/`rff_sentence_gram` (same method and
     sigma_convention) to reuse the English Gram across languages. With alignment="kme" the English sets
@@ -509,10 +537,18 @@ def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
         pooled_flat = torch.cat([e_flat.to(x_flat.device, torch.float32), x_flat.float()])
         pooled_off = torch.cat([e_off, e_off[-1] + x_off[1:]])
         G, sigma_pair = gram((pooled_flat, pooled_off))
-        value = float(pair_alignment(G).mean())
+        per_pair = pair_alignment(G)
     else:
-        value = rows
-    return SoftCkaResult(cka=cka_from_grams(Kc, Lc, centered=True),
+        per_pair = pair_alignment_gram_rows(Kc, Lc, centered=True)
+    value = float(per_pair.mean()) if alignment == "kme" else rows
+    ci = {}
+    if n_boot and n_x >= 2:
+        from hybridlab.eval.stats import bootstrap_ci
+
+        c = cka_bootstrap(K, L, n_boot, seed)
+        a = bootstrap_ci(per_pair.double().cpu().numpy(), n_boot=n_boot, seed=seed)
+        ci = {"cka_lo": c.lo, "cka_hi": c.hi, "alignment_lo": a.lo, "alignment_hi": a.hi}
+    return SoftCkaResult(**ci, cka=cka_from_grams(Kc, Lc, centered=True),
                          cka_debiased=cka_from_grams(K, L, debiased=True),
                          alignment=value, alignment_gram_rows=rows, alignment_method=alignment,
                          sigma_eng=sigma_e, sigma_x=sigma_x, sigma_pair=sigma_pair,

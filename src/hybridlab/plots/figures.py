@@ -163,6 +163,13 @@ def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metric: str = "ck
             sns.lineplot(data=_pd(d.sort(["role", "lang", "layer"])), x="layer", y=metric, hue="lang",
                          hue_order=langs, style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES,
                          palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            if f"{metric}_lo" in d.columns:  # bootstrap over sentences (softcka.n_boot), one band per line
+                colors = dict(zip(langs, sns.color_palette(PALETTE, len(langs))))
+                for (lang, _), g in d.sort(["lang", "role", "layer"]).group_by(["lang", "role"], maintain_order=True):
+                    g = g.filter(pl.col(f"{metric}_lo").is_not_nan())
+                    if g.height:
+                        ax.fill_between(g["layer"].to_list(), g[f"{metric}_lo"].to_list(), g[f"{metric}_hi"].to_list(),
+                                        color=colors[lang], alpha=0.15, lw=0)
             _title(ax, pair)
             ax.set_ylabel(f"Soft{metric.upper()} vs English" if metric == "cka" else metric)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -520,13 +527,17 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
         raise HybridlabError("table 'softcka' has no hybrid with a full-attention layer (hidden rows); "
                              "nothing to compare at the first FA layer")
     df = df.join(first, on="pair")
+    if "cka_lo" not in df.columns:  # a table written before the sentence bootstrap
+        df = df.with_columns(cka_lo=pl.lit(math.nan), cka_hi=pl.lit(math.nan))
     at = df.filter(pl.col("layer") == pl.col("first_fa_layer")).select(
-        "pair", "role", "model", "lang", "first_fa_layer", cka_after="cka")
+        "pair", "role", "model", "lang", "first_fa_layer", cka_after="cka", cka_after_lo="cka_lo",
+        cka_after_hi="cka_hi")
     before = df.filter(pl.col("layer") == pl.col("first_fa_layer") - 1).select(
-        "pair", "role", "lang", cka_before="cka")
+        "pair", "role", "lang", cka_before="cka", cka_before_lo="cka_lo", cka_before_hi="cka_hi")
     out = at.join(before, on=["pair", "role", "lang"]).with_columns(change=pl.col("cka_after") - pl.col("cka_before"))
     return out.sort(["pair", "role", "lang"]).select(
-        "pair", "role", "model", "lang", "first_fa_layer", "cka_before", "cka_after", "change")
+        "pair", "role", "model", "lang", "first_fa_layer", "cka_before", "cka_before_lo", "cka_before_hi",
+        "cka_after", "cka_after_lo", "cka_after_hi", "change")
 
 
 def kl_reduction_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> pl.DataFrame:
