@@ -30,7 +30,7 @@ def characters(text):
 def test_whitespace_fertility_hand_computed():
     df = fertility(_parallel(), {"ws": whitespace})
     assert df.columns == ["tokenizer", "lang", "n_sentences", "tokens_per_sentence", "relative_to_english",
-                          "mean_sentence_ratio"]
+                          "mean_sentence_ratio", "relative_to_english_lo", "relative_to_english_hi"]
     got = {r["lang"]: r for r in df.to_dicts()}
     assert got["eng_Latn"]["n_sentences"] == 3
     assert got["eng_Latn"]["tokens_per_sentence"] == pytest.approx(8 / 3)
@@ -40,6 +40,11 @@ def test_whitespace_fertility_hand_computed():
     assert got["fra_Latn"]["tokens_per_sentence"] == pytest.approx(3.0)
     assert got["fra_Latn"]["relative_to_english"] == pytest.approx(6 / 4)
     assert got["fra_Latn"]["mean_sentence_ratio"] == pytest.approx((4 / 3 + 2) / 2)
+    # bootstrap over the 2 shared sids: resamples {s1, s1} 8/6, {s1, s2} 6/4, {s2, s2} 4/2, each extreme with
+    # probability 1/4, so the 2.5 % and 97.5 % quantiles are the extremes; English is exactly 1
+    assert (got["fra_Latn"]["relative_to_english_lo"], got["fra_Latn"]["relative_to_english_hi"]) == \
+        pytest.approx((4 / 3, 2.0))
+    assert got["eng_Latn"]["relative_to_english_lo"] == got["eng_Latn"]["relative_to_english_hi"] == 1.0
     # deu over s1..s3: totals 8 / 8; per-sentence 2/3, 1, 5/4
     assert got["deu_Latn"]["relative_to_english"] == pytest.approx(1.0)
     assert got["deu_Latn"]["mean_sentence_ratio"] == pytest.approx((2 / 3 + 1 + 5 / 4) / 3)

@@ -287,3 +287,9 @@ def test_figures_draw_uncertainty():
     assert bands(figures.distill_curves(_distill(seeds=(0, 1, 2)))) >= 2
     fig = figures.niah(_niah())
     assert any(c.__class__.__name__ == "LineCollection" for c in fig.axes[0].collections)  # Wilson error bars
+    from test_plots import _fertility
+
+    fert = _fertility().with_columns(relative_to_english_lo=pl.col("relative_to_english") - 0.1,
+                                     relative_to_english_hi=pl.col("relative_to_english") + 0.1)
+    ax = figures.fertility(fert).axes[0]
+    assert sum(c.__class__.__name__ == "LineCollection" for c in ax.collections) == fert.height  # one bar each

@@ -11,6 +11,8 @@ subset, so every ratio compares translations of the same sentences):
   very short sentences;
 - `mean_sentence_ratio` = mean_sid n_X(sid) / n_eng(sid), the mean of per-sentence ratios (reported
   too; short English sentences make it noisier and larger than the headline).
+- `relative_to_english_lo` / `_hi`: percentile bootstrap over the shared sids (`n_boot` replicates, seed
+  `seed`; the sentence pair is the unit: n_X and n_eng of a drawn sid enter together); NaN with n_boot 0.
 
 English itself gets ratios of exactly 1. Tokenizers may be a Hugging Face tokenizer (called with
 `add_special_tokens=False`), a `tokenizers.Tokenizer` (`encode_batch(..., add_special_tokens=False)`),
@@ -24,10 +26,12 @@ from typing import Any, Callable, Mapping, Sequence
 import polars as pl
 
 from hybridlab.errors import HybridlabError
+from hybridlab.eval.stats import bootstrap_ci_indices
 
 OUTPUT_SCHEMA = {"tokenizer": pl.String, "lang": pl.String, "n_sentences": pl.Int64,
                  "tokens_per_sentence": pl.Float64, "relative_to_english": pl.Float64,
-                 "mean_sentence_ratio": pl.Float64}
+                 "mean_sentence_ratio": pl.Float64, "relative_to_english_lo": pl.Float64,
+                 "relative_to_english_hi": pl.Float64}
 
 
 def token_counts(tokenizer: Any, texts: Sequence[str]) -> list[int]:
@@ -44,7 +48,7 @@ def token_counts(tokenizer: Any, texts: Sequence[str]) -> list[int]:
 
 
 def fertility(parallel: pl.DataFrame, tokenizers: Mapping[str, Any | Callable[[str], Sequence]], *,
-              english: str = "eng_Latn") -> pl.DataFrame:
+              english: str = "eng_Latn", n_boot: int = 1000, seed: int = 0) -> pl.DataFrame:
     """Tidy fertility table: one row per (tokenizer, language), English included."""
     missing = {"sid", "lang", "text"} - set(parallel.columns)
     if missing:
@@ -77,6 +81,19 @@ def fertility(parallel: pl.DataFrame, tokenizers: Mapping[str, Any | Callable[[s
                       (pl.col("n_tokens").sum() / pl.col("n_eng").sum()).alias("relative_to_english"),
                       (pl.col("n_tokens") / pl.col("n_eng")).mean().alias("mean_sentence_ratio"))
                  .with_columns(pl.lit(name).alias("tokenizer")))
+        cis = []
+        for lang in stats["lang"].to_list():
+            g = joined.filter(pl.col("lang") == lang)
+            nx, ne = g["n_tokens"].to_numpy().astype(float), g["n_eng"].to_numpy().astype(float)
+            if n_boot and lang != english and nx.size >= 2:
+                ci = bootstrap_ci_indices(nx.size, lambda i: float(nx[i].sum() / ne[i].sum()), n_boot=n_boot,
+                                          seed=seed)
+                cis.append((lang, ci.lo, ci.hi))
+            else:  # English is exactly 1; no bootstrap asked or one sentence: no interval
+                one = 1.0 if lang == english else float("nan")
+                cis.append((lang, one, one))
+        stats = stats.join(pl.DataFrame(cis, schema={"lang": pl.String, "relative_to_english_lo": pl.Float64,
+                                                     "relative_to_english_hi": pl.Float64}, orient="row"), on="lang")
         rows.append(stats)
     out = pl.concat(rows).select(list(OUTPUT_SCHEMA)).cast(OUTPUT_SCHEMA)
     return out.sort("tokenizer", "lang")

@@ -202,6 +202,22 @@ def recency(rec: pl.DataFrame):
     return fig
 
 
+def _bars(ax) -> list:
+    """The bar patches seaborn drew, hue by hue (the order of `_bar_rows`)."""
+    return [p for c in ax.containers for p in c]
+
+
+def _bar_rows(df: pl.DataFrame, order: list, hue_order: list) -> list:
+    """(value, lo, hi) of each bar in `_bars` order (hue-major), None where a bar has no row."""
+    out = []
+    for h in hue_order:
+        for x in order:
+            r = df.filter((pl.col("tokenizer") == h) & (pl.col("lang") == x))
+            out.append(r.select("relative_to_english", "relative_to_english_lo", "relative_to_english_hi").row(0)
+                       if r.height else None)
+    return out
+
+
 def fertility(fert: pl.DataFrame):
     """Tokens per sentence relative to English per language (bars) and tokenizer (colour)."""
     df = require(fert, ["tokenizer", "lang", "relative_to_english"], "fertility").sort(["lang", "tokenizer"])
@@ -210,6 +226,12 @@ def fertility(fert: pl.DataFrame):
         fig, (ax,) = new_figure(1, width=max(4.0, 0.55 * len(langs) + 2.5))
         sns.barplot(data=_pd(df), x="lang", y="relative_to_english", hue="tokenizer", order=langs,
                     hue_order=_sorted(df, "tokenizer"), palette=PALETTE, ax=ax)
+        if "relative_to_english_lo" in df.columns:  # bootstrap over sentence pairs, one bar per (lang, tokenizer)
+            for bar, row in zip(_bars(ax), _bar_rows(df, langs, _sorted(df, "tokenizer"))):
+                if row is not None and row[1] == row[1]:
+                    x = bar.get_x() + bar.get_width() / 2
+                    ax.errorbar([x], [row[0]], yerr=[[row[0] - row[1]], [row[2] - row[0]]], fmt="none",
+                                ecolor="black", elinewidth=0.7, capsize=1.5)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_ylabel("fertility relative to English")
         ax.tick_params(axis="x", rotation=45)
