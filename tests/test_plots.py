@@ -313,7 +313,10 @@ def test_lm_benchmarks_table_is_wide_and_prefers_filter_none():
             dict(model="m0", task="arc_easy", metric="acc", filter="none", value=0.4, stderr=0.01),
             dict(model="m0", task="arc_easy", metric="acc", filter="other", value=0.9, stderr=0.01)]
     df = figures.lm_benchmarks_table(pl.DataFrame(rows))
-    assert df.columns == ["model", "arc_easy/acc", "arc_easy/acc_norm", "gsm/exact_match"]
+    values = ["model", "arc_easy/acc", "arc_easy/acc_norm", "gsm/exact_match"]
+    assert df.columns == ["model"] + [f"{c}{s}" for c in values[1:] for s in ("", "_lo", "_hi")]
     assert df["model"].to_list() == ["m0", "m1"]
-    assert df.row(0) == ("m0", 0.4, None, None)
-    assert df.row(1) == ("m1", 0.5, 0.6, 0.2)  # no `none` filter: the first filter alphabetically
+    assert df.select(values).row(0) == ("m0", 0.4, None, None)
+    assert df.select(values).row(1) == ("m1", 0.5, 0.6, 0.2)  # no `none` filter: the first filter alphabetically
+    # value -+ 1.96 stderr (lm-eval's normal-approximation interval)
+    assert (df["arc_easy/acc_lo"][1], df["arc_easy/acc_hi"][1]) == pytest.approx((0.5 - 0.0196, 0.5 + 0.0196))

@@ -658,13 +658,21 @@ def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
 
 def lm_benchmarks_table(bench: pl.DataFrame) -> pl.DataFrame:
     """lm-eval results (paper preset) wide: one row per model, one column per `task/metric` (filter
-    `none`, or the first filter of a metric when it has no `none`), columns sorted."""
+    `none`, or the first filter of a metric when it has no `none`), columns sorted, each followed by
+    `<task/metric>_lo` / `_hi` = value -+ 1.96 x lm-eval's `stderr` (its normal-approximation 95 %
+    interval over the task's examples; null where lm-eval reports no stderr, e.g. RULER lengths)."""
     df = require(bench, ["model", "task", "metric", "filter", "value"], "lm_benchmarks")
+    if "stderr" not in df.columns:
+        df = df.with_columns(stderr=pl.lit(None, pl.Float64))
+    se = pl.col("stderr").cast(pl.Float64, strict=False)
     df = (df.sort(["model", "task", "metric", pl.col("filter") != "none", "filter"])
           .group_by(["model", "task", "metric"], maintain_order=True).first()
-          .with_columns(column=pl.format("{}/{}", "task", "metric")))
-    wide = df.pivot(on="column", index="model", values="value", sort_columns=True)
-    return wide.sort("model")
+          .with_columns(column=pl.format("{}/{}", "task", "metric"), lo=pl.col("value") - 1.96 * se,
+                        hi=pl.col("value") + 1.96 * se))
+    wide = df.pivot(on="column", index="model", values=["value", "lo", "hi"], sort_columns=True)
+    cols = sorted(df["column"].unique().to_list())
+    named = [pl.col(f"{v}_{c}").alias(c + s) for c in cols for v, s in (("value", ""), ("lo", "_lo"), ("hi", "_hi"))]
+    return wide.select("model", *named).sort("model")
 
 # One-paragraph captions for the Snakemake report (the rule adds the preset and the config hash).
 CAPTIONS = {
