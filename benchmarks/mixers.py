@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
+from _machine import describe, describe_line
 from hybridlab.models import ops
 
 with warnings.catch_warnings():  # fla warns that Triton cannot run on a CPU-only machine
@@ -158,12 +159,14 @@ def main() -> None:
     parser.add_argument("--gdn-chunk", type=int_at_least(1), default=32, help="chunk (tile) of hybridlab's GDN op")
     args = parser.parse_args()
     torch.manual_seed(0)
+    machine = describe()
+    print(describe_line(machine))
     peak = max(measure_matmul_gflops().values())
     print(f"shapes B={B} T={T} H={H} K={K} V={V} chunk={C} (hybridlab GDN: {args.gdn_chunk}) fp32, "
           f"threads={torch.get_num_threads()}")
     print(f"fp32 matmul throughput (2048^3): {peak:.1f} GFLOP/s")
     report = {"shapes": {"B": B, "T": T, "H": H, "K": K, "V": V, "chunk": C, "hybridlab_gdn_chunk": args.gdn_chunk},
-              "threads": torch.get_num_threads(), "matmul_gflops": peak}
+              "threads": torch.get_num_threads(), "matmul_gflops": peak, "machine": machine}
     for kind in args.ops:
         res = bench_op(kind, args.reps, peak, args.gdn_chunk)
         report[kind] = res

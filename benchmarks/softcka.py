@@ -31,6 +31,7 @@ import polars as pl
 import torch
 
 from _common import int_at_least
+from _machine import describe, describe_line
 from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states
 from hybridlab.eval.softcka import rff_sentence_gram, sentence_gram, soft_cka
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int_at_least(0), default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    machine = describe()
+    print(describe_line(machine))
 
     res = ROOT / "results"
     model_dir = res / "models" / args.scale / "teachers" / "teacher"
@@ -132,7 +135,7 @@ def main() -> None:
         "ratio_exact_vs_capture": round(med["softcka_exact"] / med["capture"], 3),
         "n_pairs": args.n, "lang": args.lang, "tokens": n_tokens, "hidden_states": n_layers + 1,
         "threads": torch.get_num_threads(), "rff_features": args.rff_features, "block_tokens": args.block_tokens,
-        "batch_size": args.batch_size, "load_average_1m": round(os.getloadavg()[0], 2),
+        "batch_size": args.batch_size, "load_average_1m": round(os.getloadavg()[0], 2), "machine": machine,
     }
     print(f"softcka exact {result['softcka_exact_s']}s = {result['ratio_exact']}x forward "
           f"({result['forward_s']}s); rff({args.rff_features}) {result['softcka_rff_s']}s = {result['ratio_rff']}x")

@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
+from _machine import describe, describe_line
 from hybridlab.config import load, resolve
 from hybridlab.errors import HybridlabError
 from hybridlab.train.config import TrainConfig
@@ -288,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     C = resolve(load(ROOT / "config.yaml", {"scale": args.scale}))
+    machine = describe()
+    print(describe_line(machine))
     matmul = measure_matmul_gflops()
     print(f"{args.scale} preset, fp32, torch threads {torch.get_num_threads()}, {args.warmup} warm-up + "
           f"{args.steps} timed updates per benchmark")
@@ -317,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                  f"{'-':>7s}  -"))
     report = {"scale": args.scale, "threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup,
               "matmul_gflops": peak, "matmul_gflops_by_size": {str(n): g for n, g in matmul_by_size.items()},
-              "benchmarks": results, "targets_met": met}
+              "benchmarks": results, "targets_met": met, "machine": machine}
     print(json.dumps(report, sort_keys=True))
     return report
 
