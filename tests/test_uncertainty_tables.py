@@ -291,5 +291,10 @@ def test_figures_draw_uncertainty():
 
     fert = _fertility().with_columns(relative_to_english_lo=pl.col("relative_to_english") - 0.1,
                                      relative_to_english_hi=pl.col("relative_to_english") + 0.1)
+    from test_plots import _heads
+
+    alphas, curve = _heads()
+    fig = figures.retrieval_heads(alphas, curve.with_columns(n=pl.lit(4)))
+    assert sum(c.__class__.__name__ == "LineCollection" for c in fig.axes[1].collections) == 2  # one per model
     ax = figures.fertility(fert).axes[0]
     assert sum(c.__class__.__name__ == "LineCollection" for c in ax.collections) == fert.height  # one bar each

@@ -6,7 +6,7 @@ and keys) for the masking curve; the same examples for every arm. Writes
 
 - --out    (retrieval_heads.parquet): model, mixer, size, variant, layer, kv_head, alpha
 - --curve  (retrieval_heads_masking.parquet): model, mixer, size, variant, n_masked, frac_masked,
-           masked_layer, masked_kv_head, masked_alpha, accuracy, token_accuracy, answer_nll
+           masked_layer, masked_kv_head, masked_alpha, accuracy, token_accuracy, answer_nll, n (test examples)
 """
 
 import os
@@ -76,7 +76,8 @@ def main() -> None:
                                                    out_dir=str(Path(args.work) / name))
         extra = [pl.lit(meta[k]).cast(pl.String).alias(k) for k in ("mixer", "size", "variant")]
         alpha_tables.append(alphas.with_columns(extra))
-        curves.append(curve.with_columns(extra))
+        # n: the passkey test examples behind each accuracy (the figure's Wilson intervals)
+        curves.append(curve.with_columns(*extra, n=pl.lit(int(test_ex["input_ids"].shape[0]), pl.Int64)))
         full, masked = curve["accuracy"][0], curve["accuracy"][-1]
         print(f"{name}: alpha {[round(a, 3) for a in alphas['alpha'].to_list()]}; passkey accuracy "
               f"{full:.3f} full -> {masked:.3f} all heads streaming; answer NLL {curve['answer_nll'][0]:.3f} -> "

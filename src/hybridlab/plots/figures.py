@@ -522,6 +522,13 @@ def retrieval_heads(alphas: pl.DataFrame, masking: pl.DataFrame):
         axes[0].tick_params(axis="x", rotation=45)
         sns.lineplot(data=_pd(m), x="frac_masked", y="accuracy", hue="model", hue_order=models, palette=PALETTE,
                      marker="o", errorbar=None, ax=axes[1])
+        if "n" in m.columns:  # Wilson 95 % intervals over the passkey test examples
+            colors = dict(zip(models, sns.color_palette(PALETTE, len(models))))
+            for (model,), g in m.group_by(["model"], maintain_order=True):
+                w = [stats.wilson_interval(int(round(a * n)), int(n)) for a, n in g.select("accuracy", "n").iter_rows()]
+                acc = g["accuracy"].to_numpy()
+                axes[1].errorbar(g["frac_masked"].to_list(), acc, yerr=[acc - [x.lo for x in w], [x.hi for x in w] - acc],
+                                 fmt="none", ecolor=colors[model], elinewidth=0.8, capsize=2, alpha=0.7)
         axes[1].set_xlabel("fraction of heads masked (lowest alpha first)")
         axes[1].set_ylabel("passkey accuracy")
         axes[1].set_ylim(-0.05, 1.05)
