@@ -298,3 +298,18 @@ def test_figures_draw_uncertainty():
     assert sum(c.__class__.__name__ == "LineCollection" for c in fig.axes[1].collections) == 2  # one per model
     ax = figures.fertility(fert).axes[0]
     assert sum(c.__class__.__name__ == "LineCollection" for c in ax.collections) == fert.height  # one bar each
+
+
+def test_position_loss_window_bootstrap_hand_computed():
+    import torch
+
+    from hybridlab.eval.position_loss import window_bootstrap
+
+    # two windows with token-mean NLL 1 and 3 (equal lengths): resamples give means 1, 2 or 3, the extremes
+    # with probability 1/4 each, so the 95 % interval of ppl is (e^1, e^3); the key tokens lie in window 2 only
+    nll = torch.tensor([[1.0, 1.0], [3.0, 3.0]])
+    mask = torch.tensor([[False, False], [True, False]])
+    (plo, phi), (klo, khi) = window_bootstrap(nll, mask, n_boot=2000)
+    assert (plo, phi) == pytest.approx((math.e, math.e ** 3))
+    assert (klo, khi) == pytest.approx((math.e ** 3, math.e ** 3))  # replicates without window 2 are dropped
+    assert all(math.isnan(x) for x in sum(window_bootstrap(nll[:1], mask[:1]), ()))

@@ -16,7 +16,8 @@ of the buckets, the short-window loss and LongPPL: `hybridlab.eval.position_loss
 - --summary  (position_loss_summary.parquet): model, mixer, size, variant, documents, n_source_docs (documents
              read), n_short_docs (of them shorter than doc_len, so unused), n_docs (windows), doc_len,
              n_tokens, ppl, evaluator, n_key_tokens (the evaluator's, the same for every arm), long_ppl,
-             short_window, threshold
+             short_window, threshold, ppl_lo, ppl_hi, long_ppl_lo, long_ppl_hi (95 % percentile bootstrap
+             over the windows, 1,000 replicates, seed `seed`: `position_loss.window_bootstrap`)
 """
 
 import os
@@ -27,7 +28,8 @@ import _common
 SUMMARY_SCHEMA = {"model": "String", "mixer": "String", "size": "String", "variant": "String",
                   "documents": "String", "n_source_docs": "Int64", "n_short_docs": "Int64", "n_docs": "Int64",
                   "doc_len": "Int64", "n_tokens": "Int64", "ppl": "Float64", "evaluator": "String",
-                  "n_key_tokens": "Int64", "long_ppl": "Float64", "short_window": "Int64", "threshold": "Float64"}
+                  "n_key_tokens": "Int64", "long_ppl": "Float64", "short_window": "Int64", "threshold": "Float64",
+                  "ppl_lo": "Float64", "ppl_hi": "Float64", "long_ppl_lo": "Float64", "long_ppl_hi": "Float64"}
 
 
 def main() -> None:
@@ -53,7 +55,8 @@ def main() -> None:
     import polars as pl
 
     from hybridlab.errors import HybridlabError
-    from hybridlab.eval.position_loss import document_windows, key_tokens, long_documents, run_position_loss
+    from hybridlab.eval.position_loss import (document_windows, key_tokens, long_documents, run_position_loss,
+                                              window_bootstrap)
     from hybridlab.models.io import read_spec
     from hybridlab.models.registry import load_causal_lm
 
@@ -100,7 +103,9 @@ def main() -> None:
         summary.append({**meta, "documents": c["documents"], "n_source_docs": len(docs), "n_short_docs": n_short,
                         "n_docs": int(windows.shape[0]), "doc_len": c["doc_len"], "n_tokens": res.n_tokens,
                         "ppl": res.ppl, "evaluator": c["evaluator"], "n_key_tokens": res.n_key_tokens,
-                        "long_ppl": res.long_ppl, "short_window": c["short_window"], "threshold": c["threshold"]})
+                        "long_ppl": res.long_ppl, "short_window": c["short_window"], "threshold": c["threshold"],
+                        **dict(zip(("ppl_lo", "ppl_hi", "long_ppl_lo", "long_ppl_hi"),
+                                   sum(window_bootstrap(res.long_nll, res.key_mask, seed=params["seed"]), ())))})
         first, last = res.buckets["mean_loss"][0], res.buckets["mean_loss"][-1]
         long_ppl = "none" if res.long_ppl is None else f"{res.long_ppl:.2f}"
         print(f"{name}: loss {first:.3f} (first bucket) -> {last:.3f} (last), ppl {res.ppl:.2f}, "

@@ -239,6 +239,32 @@ class PositionLossResult:
     key_mask: torch.Tensor  # [N, T-1] the key tokens it was scored on
 
 
+def window_bootstrap(long_nll: torch.Tensor, key_mask: torch.Tensor, n_boot: int = 1000, seed: int = 0):
+    """Percentile bootstrap over the windows (documents, the resampling unit) of ppl and LongPPL:
+    replicate b draws N window indices I_b and recomputes exp(token mean of long_nll[I_b]) and
+    exp(mean over the key tokens of the windows I_b) (NaN when a replicate holds no key token; such
+    replicates are dropped, `stats`). Returns ((ppl_lo, ppl_hi), (long_ppl_lo, long_ppl_hi)); NaN with
+    fewer than 2 windows or without key tokens."""
+    from hybridlab.eval.stats import bootstrap_ci_indices
+
+    nan = (math.nan, math.nan)
+    nll = long_nll.double().cpu().numpy()
+    mask = key_mask.bool().cpu().numpy()
+    if nll.shape[0] < 2 or not n_boot:
+        return nan, nan
+    p = bootstrap_ci_indices(nll.shape[0], lambda i: math.exp(float(nll[i].mean())), n_boot=n_boot, seed=seed)
+
+    def key(i):
+        m = mask[i]
+        return math.exp(float(nll[i][m].mean())) if m.any() else math.nan
+
+    try:
+        k = bootstrap_ci_indices(nll.shape[0], key, n_boot=n_boot, seed=seed) if mask.any() else None
+    except HybridlabError:  # most replicates without a key token: no interval
+        k = None
+    return (p.lo, p.hi), ((k.lo, k.hi) if k is not None else nan)
+
+
 def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window: int, short_stride: int = 1,
                       scheme: str = "log2", width: int | None = None, threshold: float = 2.0,
                       min_long_logprob: float | None = None, evaluator: nn.Module | None = None,

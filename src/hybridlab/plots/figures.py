@@ -636,7 +636,7 @@ def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     `p_sign` the exact sign test of those per-seed differences (1 for the baseline row). `ppl`, `long_ppl`,
     `n_key_tokens` and `evaluator` come from the position-loss summary of the first seed's arms (LongPPL is
     null when no token qualifies as a key token; every arm is scored on the key tokens of the one
-    `evaluator` arm).
+    `evaluator` arm), with their bootstrap intervals over the windows (`ppl_lo/hi`, `long_ppl_lo/hi`).
     """
     r = _with_seed(_nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics")))
     final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by(["run", "seed"]).agg(
@@ -656,11 +656,14 @@ def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
         rows.append({"model": model, "tokens": float(g["tokens"].mean()), **ce, **diff,
                      "p_sign": stats.sign_test(d).p_value if d else math.nan})
     agg = pl.DataFrame(rows, orient="row")
+    for c in ("ppl_lo", "ppl_hi", "long_ppl_lo", "long_ppl_hi"):  # window bootstrap (older summaries lack it)
+        if c not in s.columns:
+            s = s.with_columns(pl.lit(math.nan).alias(c))
     out = s.join(agg, on="model", how="inner")
     return out.sort(["size", "mixer", "variant"]).select(
         "mixer", "size", "variant", "n_seeds", "tokens", "final_eval_ce", "final_eval_ce_lo", "final_eval_ce_hi",
-        "ce_vs_baseline", "ce_vs_baseline_lo", "ce_vs_baseline_hi", "p_sign", "ppl", "long_ppl", "n_key_tokens",
-        "evaluator")
+        "ce_vs_baseline", "ce_vs_baseline_lo", "ce_vs_baseline_hi", "p_sign", "ppl", "ppl_lo", "ppl_hi", "long_ppl",
+        "long_ppl_lo", "long_ppl_hi", "n_key_tokens", "evaluator")
 
 
 def lm_benchmarks_table(bench: pl.DataFrame) -> pl.DataFrame:
