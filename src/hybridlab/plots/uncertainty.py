@@ -169,7 +169,9 @@ def tokens_to_targets(runs: pl.DataFrame, baseline: str, column: str = "eval/ce"
     for teacher, mixer, seed in keys.iter_rows():
         g = df.filter((pl.col("teacher") == teacher) & (pl.col("mixer") == mixer)
                       & (pl.col("seed").is_null() if seed is None else pl.col("seed") == seed))
-        curves = {p: c.sort("tokens") for (p,), c in g.group_by(["placement"])}
+        # one point per token count (an evaluation logged twice at the same step counts once, the last)
+        curves = {p: c.sort("tokens").unique("tokens", keep="last", maintain_order=True)
+                  for (p,), c in g.group_by(["placement"])}
         if baseline not in curves:
             raise HybridlabError(f"baseline placement {baseline!r} has no curve for {teacher}/{mixer} seed {seed}; "
                                  "set experiments.distill.baseline_placement to a distilled placement")
