@@ -76,8 +76,42 @@ def _model_class(config):
     return AutoModelForCausalLM.from_config(config)
 
 
+# Prompt pieces in OneRULER's file format (keys and placeholders), worded by this project: the rehearsal
+# runs the OneRULER code path without a copy of the benchmark.
+REHEARSAL_ONERULER_PROMPTS = {
+    "task": "Read the text below and remember it; a question about it follows.\n\n<text>\n{context}\n</text>\n\n",
+    "needle_numbers": "The special magic number for \"{key}\" is: {value} ",
+    "needle_words": "The special magic word for \"{key}\" is: {value} ",
+    "question_single_numbers": "<Question> Which special magic numbers for \"{query1}\" does the text mention?",
+    "question_multi_numbers": "<Question> Which special magic numbers for \"{query1}\" and \"{query2}\" does the text "
+                              "mention?",
+    "please_list": "List every one.",
+    "if_no_numbers": "If there is none, answer \"none\".</Question>\n\n\n",
+    "answer_prefix": "Answer in this format:\n",
+    "answer_numbers": "<Answer> the numbers </Answer>",
+    "none": "none",
+}
+
+
+def write_oneruler_layout(mono, out: Path, langs: tuple[str, ...] = ("eng_Latn",)) -> None:
+    """A OneRULER-layout data directory (prompt/, vocab/, books/) for `langs`, from the offline corpus."""
+    from hybridlab.eval.niah import DEFAULT_WORDS
+    from hybridlab.eval.oneruler import CODES, NOUNS
+
+    codes = [CODES[lang] for lang in langs]
+    (out / "vocab").mkdir(parents=True)
+    rows = ["\t".join(codes)] + ["\t".join([w] * len(codes)) for w in DEFAULT_WORDS]
+    (out / NOUNS).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    for lang, code in zip(langs, codes):
+        (out / "prompt" / code).mkdir(parents=True)
+        (out / "prompt" / code / "niah.txt").write_text(json.dumps(REHEARSAL_ONERULER_PROMPTS, indent=1))
+        (out / "books" / code).mkdir(parents=True)
+        text = " ".join(mono.filter(mono["lang"] == lang)["text"].to_list())
+        (out / "books" / code / "rehearsal.txt").write_text(text, encoding="utf-8")
+
+
 def build_rehearsal_inputs(corpus_dir: str | Path, out: str | Path, *, seed: int = 0) -> dict[str, str]:
-    """Write `<out>/hub` and `<out>/models` from a corpus directory (parallel.parquet, mono.parquet)."""
+    """Write `<out>/hub`, `<out>/models` and `<out>/oneruler` from a corpus directory (parallel.parquet, mono.parquet)."""
     import polars as pl
 
     from hybridlab.data.hub_layout import write_hub_layout
@@ -107,6 +141,7 @@ def build_rehearsal_inputs(corpus_dir: str | Path, out: str | Path, *, seed: int
         (tok_g if name == "granite-teacher" else tok_q).save_pretrained(d)
     for t in ("tok-qwen3", "tok-granite"):
         shutil.rmtree(tmp / t)
+    write_oneruler_layout(mono, tmp / "oneruler")
     manifest = {hub_id: str(out / "models" / name) for hub_id, name in REHEARSAL_IDS.items()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)

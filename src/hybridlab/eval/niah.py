@@ -10,7 +10,9 @@ Tasks (RULER's NIAH variants plus OneRULER's "none" answer; every instruction al
 Needles: "The special magic number for {key} is: {value}." Keys are words from a word list (distinct
 per example), values distinct random 7-digit numbers. THIS PROJECT'S CHOICE: the needle, instruction and
 question templates are English for every language for now (OneRULER translates them); pass
-`NiahTemplate`s per language to localise. The haystack is the language's monolingual sentences,
+`NiahTemplate`s per language to localise. OneRULER's own data (``hybridlab.eval.oneruler``: its
+per-language prompts, key words, books and scoring, two-key multi-query) replaces all of these when
+``oneruler`` is given; ``chat`` applies the evaluated model's chat template to the prompt. The haystack is the language's monolingual sentences,
 shuffled with the example's seed and cycled if the text is too short. Every needle is inserted between
 haystack sentences at a seeded uniform depth in [0, 1] (or `depth` for the queried needle).
 
@@ -87,18 +89,33 @@ class NiahExample:
     target_tokens: int = 0
     needle_depths: tuple[float, ...] = ()
     none_word: str = "none"
+    scoring: str = "project"  # "project" (score_prediction) | "oneruler" (oneruler.score_oneruler)
+    none_words: tuple[str, ...] = ()  # OneRULER's accepted none words
+    chat: bool = False  # `prompt` is the chat-templated text (tokenise without adding special tokens)
 
 
-def _n_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text)["input_ids"])
+def _n_tokens(tokenizer: Any, text: str, chat: bool = False) -> int:
+    return len((tokenizer(text, add_special_tokens=False) if chat else tokenizer(text))["input_ids"])
 
 
-def _needles(task: str, rng: random.Random, words: Sequence[str]):
-    """(needle (key, value) list, queried keys, expected values)."""
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_prompt(tokenizer: Any, text: str) -> str:
+    """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's answer."""
+    if not has_chat_template(tokenizer):
+        raise HybridlabError("the tokenizer has no chat template; build the example with chat=False")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def _needles(task: str, rng: random.Random, words: Sequence[str], n_queries: int = N_MULTI):
+    """(needle (key, value) list, queried keys, expected values); multiquery asks `n_queries` keys."""
     n_keys = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": 1,
-              "niah_multiquery": N_MULTI, "niah_none": 1 + N_DISTRACTORS}[task]
+              "niah_multiquery": n_queries, "niah_none": 1 + N_DISTRACTORS}[task]
     n_values = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": N_MULTI,
-                "niah_multiquery": N_MULTI, "niah_none": N_DISTRACTORS}[task]
+                "niah_multiquery": n_queries, "niah_none": N_DISTRACTORS}[task]
     if len(set(words)) < n_keys:
         raise HybridlabError(f"{task} needs {n_keys} distinct key words, the word list has {len(set(words))}")
     keys = rng.sample(sorted(set(words)), n_keys)
@@ -114,8 +131,13 @@ def _needles(task: str, rng: random.Random, words: Sequence[str]):
 
 def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, lang: str, target_tokens: int,
                        seed: int, words: Sequence[str] = DEFAULT_WORDS, template: NiahTemplate | None = None,
-                       depth: float | None = None) -> NiahExample:
-    """One example whose prompt is as long as possible within `target_tokens` of `tokenizer`."""
+                       depth: float | None = None, oneruler=None, chat: bool = False) -> NiahExample:
+    """One example whose prompt is as long as possible within `target_tokens` of `tokenizer`.
+
+    ``oneruler`` (a ``hybridlab.eval.oneruler.OneRulerLanguage``) switches to OneRULER's prompts, key words,
+    two-key multi-query and scoring; ``chat`` wraps the prompt in the tokenizer's chat template (the
+    length then counts the templated text).
+    """
     if task not in TASKS:
         raise HybridlabError(f"unknown NIAH task {task!r}; choose from {TASKS}")
     sentences = [s.strip() for s in haystack if s and s.strip()]
@@ -125,7 +147,9 @@ def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, la
         raise HybridlabError(f"needle depth must be in [0, 1], got {depth}")
     tpl = template or NiahTemplate()
     rng = random.Random(f"{seed}-{task}-{lang}-{target_tokens}")
-    needles, asked, answers = _needles(task, rng, words)
+    if oneruler is not None:
+        words = oneruler.words
+    needles, asked, answers = _needles(task, rng, words, n_queries=2 if oneruler is not None else N_MULTI)
     depths = [rng.random() for _ in needles]
     if depth is not None:
         depths[0] = depth
@@ -137,39 +161,57 @@ def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, la
         question = tpl.question_all_values.format(key=asked[0])
     else:
         question = tpl.question_one.format(key=asked[0])
-    needle_texts = [tpl.needle.format(key=k, value=v) for k, v in needles]
+    if oneruler is not None:
+        needle_texts = [oneruler.needle(k, v) for k, v in needles]
+    else:
+        needle_texts = [tpl.needle.format(key=k, value=v) for k, v in needles]
 
     def prompt_with(n: int) -> str:
         hay = [sentences[order[i % len(order)]] for i in range(n)]
         # insert deepest-first so earlier insertions do not shift the later positions
         for d, text in sorted(zip(depths, needle_texts), key=lambda p: -p[0]):
             hay.insert(round(d * len(hay)), text)
-        return f"{tpl.instruction}\n\n{' '.join(hay)}\n\n{question}\n{tpl.answer_prefix}"
+        if oneruler is not None:
+            text = oneruler.prompt(oneruler.sep.join(hay), list(asked))
+        else:
+            text = f"{tpl.instruction}\n\n{' '.join(hay)}\n\n{question}\n{tpl.answer_prefix}"
+        return chat_prompt(tokenizer, text) if chat else text
 
-    if _n_tokens(tokenizer, prompt_with(0)) > target_tokens:
+    def size(n: int) -> int:
+        return _n_tokens(tokenizer, prompt_with(n), chat)
+
+    if size(0) > target_tokens:
         raise HybridlabError(f"target of {target_tokens} tokens is shorter than the prompt without haystack "
-                             f"({_n_tokens(tokenizer, prompt_with(0))} tokens); use a longer context length")
+                             f"({size(0)} tokens); use a longer context length")
     lo, hi = 0, 1  # invariant: prompt_with(lo) fits; grow hi until it does not
-    while _n_tokens(tokenizer, prompt_with(hi)) <= target_tokens:
+    while size(hi) <= target_tokens:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _n_tokens(tokenizer, prompt_with(mid)) <= target_tokens:
+        if size(mid) <= target_tokens:
             lo = mid
         else:
             hi = mid
     prompt = prompt_with(lo)
+    none = oneruler.none_words if oneruler is not None else ()
     return NiahExample(prompt=prompt, answers=tuple(answers), task=task, lang=lang,
-                       context_tokens=_n_tokens(tokenizer, prompt), depth=depths[0], target_tokens=target_tokens,
-                       needle_depths=tuple(depths), none_word=tpl.none_word)
+                       context_tokens=_n_tokens(tokenizer, prompt, chat), depth=depths[0], target_tokens=target_tokens,
+                       needle_depths=tuple(depths), none_word=none[0] if none else tpl.none_word,
+                       scoring="oneruler" if oneruler is not None else "project", none_words=none, chat=chat)
 
 
 def build_niah_suite(tokenizer: Any, haystacks: dict[str, Sequence[str]], *, tasks: Sequence[str] = TASKS,
                      lengths: Sequence[int], n_per_cell: int, seed: int, words: Sequence[str] = DEFAULT_WORDS,
-                     templates: dict[str, NiahTemplate] | None = None) -> list[NiahExample]:
-    """Examples for every (language, task, length) cell, `n_per_cell` each (seeds seed, seed+1, ...)."""
-    return [build_niah_example(tokenizer, hay, task=task, lang=lang, target_tokens=length, seed=seed + i,
-                               words=words, template=(templates or {}).get(lang))
+                     templates: dict[str, NiahTemplate] | None = None, oneruler: dict | None = None,
+                     chat: bool = False) -> list[NiahExample]:
+    """Examples for every (language, task, length) cell, `n_per_cell` each (seeds seed, seed+1, ...).
+
+    ``oneruler``: {lang: OneRulerLanguage} for OneRULER's prompts (its books are the haystack then).
+    ``chat``: the model's chat template where its tokenizer has one (``NiahExample.chat`` says if applied)."""
+    chat = chat and has_chat_template(tokenizer)
+    return [build_niah_example(tokenizer, (oneruler[lang].sentences if oneruler else hay), task=task, lang=lang,
+                               target_tokens=length, seed=seed + i, words=words,
+                               template=(templates or {}).get(lang), oneruler=(oneruler or {}).get(lang), chat=chat)
             for lang, hay in haystacks.items() for task in tasks for length in lengths for i in range(n_per_cell)]
 
 
@@ -239,12 +281,18 @@ def run_niah(model: nn.Module, tokenizer: Any, examples: Sequence[NiahExample], 
             kind = _peak_memory_start(dev)
             start = time.perf_counter()
             try:
-                ids = tokenizer(ex.prompt, return_tensors="pt")["input_ids"].to(dev)
+                extra = {"add_special_tokens": False} if ex.chat else {}  # the template has its own
+                ids = tokenizer(ex.prompt, return_tensors="pt", **extra)["input_ids"].to(dev)
                 with torch.inference_mode():
                     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                          max_new_tokens=max_new_tokens, pad_token_id=pad_id)
                 prediction = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-                score, correct = score_prediction(prediction, ex.answers, ex.task, ex.none_word)
+                if ex.scoring == "oneruler":
+                    from hybridlab.eval.oneruler import score_oneruler
+
+                    score, correct = score_oneruler(prediction, ex.answers, ex.task, ex.none_words)
+                else:
+                    score, correct = score_prediction(prediction, ex.answers, ex.task, ex.none_word)
                 row |= {"prediction": prediction, "score": score, "correct": correct}
             except torch.OutOfMemoryError:
                 row["oom"] = True
