@@ -1,6 +1,6 @@
 """SoftCKA: cross-lingual similarity of token-set representations without token alignment.
 
-Definitions (this project's; see DESIGN.md "Evaluation"):
+Definitions (this project's; docs/methods.md, "SoftCKA and pair alignment"):
 
 - A sentence is the *set* S_i of its token vectors (hidden states or `attn_delta` of one layer).
 - Sentence kernel within one language: the mean RBF kernel over all token pairs (a set kernel, i.e. the
@@ -447,7 +447,7 @@ def pair_alignment_gram_rows(K: torch.Tensor, L: torch.Tensor, *, centered: bool
 class SoftCkaResult:
     """SoftCKA and pair alignment of one (layer, representation, language) against English."""
 
-    cka: float  # linear CKA of the centred sentence Gram matrices (the headline, as in DESIGN.md)
+    cka: float  # linear CKA of the centred sentence Gram matrices (the headline value)
     cka_debiased: float  # the same with the unbiased HSIC estimator (~0 for unrelated data)
     alignment: float  # mean over translation pairs of the `alignment_method` alignment
     alignment_gram_rows: float  # mean over pairs of `pair_alignment_gram_rows` (always computed; free)

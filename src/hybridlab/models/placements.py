@@ -1,8 +1,7 @@
 """Placements of full-attention (FA) layers in a hybrid stack.
 
 A hybrid of L layers keeps n = round_half_up(L * ratio) FA layers; every other layer is a recurrent
-mixer. The papers name the schemes but publish no indices, so these definitions are this project's
-(DESIGN.md, "Models"):
+mixer. The papers name the schemes but publish no indices, so these definitions are this project's:
 
 - ``standard_periodic``: the LAST layer of each of n blocks (36/9 -> 3, 7, ..., 35).
 - ``reverse_periodic``: the FIRST layer of each of n blocks (36/9 -> 0, 4, ..., 32).

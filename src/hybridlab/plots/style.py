@@ -7,7 +7,7 @@ Definitions:
   display needed on a cluster node), with a fixed size in inches and a fixed DPI.
 - Byte-stable saving: PNG without the `Software` chunk, PDF without `CreationDate`/`Producer`/`Creator`,
   SVG ids from a fixed `svg.hashsalt`. Two renders of the same tables give identical bytes, so DVC
-  caches and Snakemake checksums stay valid (DESIGN.md, "DVC and Snakemake together").
+  caches and Snakemake checksums stay valid (README, "Sharing results with DVC").
 Files are written to a temporary name and renamed, so a killed job never leaves a half-written figure.
 """
 
