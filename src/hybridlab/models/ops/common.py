@@ -177,42 +177,231 @@ def sub_chunk_size(chunk_size: int) -> int:
     return min(divisors, key=lambda d: (abs(d - root), d))
 
 
+def _score_parts(b_ZCK: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Decay factors of :func:`per_channel_scores` for one ``[Z, C, K]`` slab of cumulative log-decays.
+
+    Returns ``row_scale [Z, S, c, K] = exp(b_i - b_r)`` (r = first token of i's sub-chunk),
+    ``col_exp [Z, S, C, K] = exp(b_r - b_j)`` for columns ``j < r`` of sub-chunk s and 0 elsewhere, and
+    the diagonal blocks' ``decay [Z, S, c_i, c_j, K] = exp(b_i - b_j)`` for ``j <= i`` and 0 elsewhere.
+    Every exponent is ``<= 0`` (masked to ``-inf`` before ``exp``), so every factor lies in [0, 1].
+    """
+    Z, C, K = b_ZCK.shape
+    c = sub_chunk_size(C)
+    S = C // c
+    device = b_ZCK.device
+    b_blk = b_ZCK.view(Z, S, c, K)
+    ref = b_blk[:, :, :1]  # [Z, S, 1, K]
+    row_scale = (b_blk - ref).exp_()
+    before_ref = torch.arange(C, device=device)[None, :] < (torch.arange(S, device=device) * c)[:, None]
+    col_exp = (ref - b_ZCK[:, None]).masked_fill_(~before_ref[None, :, :, None], float("-inf")).exp_()
+    decay = b_blk[:, :, :, None, :] - b_blk[:, :, None, :, :]
+    decay = decay.masked_fill_(~lower_mask(c, device)[None, None, :, :, None], float("-inf")).exp_()
+    return row_scale, col_exp, decay
+
+
+def _scores(parts, rows: list[Tensor], k_ZCK: Tensor) -> list[Tensor]:
+    """``[Z, C, C]`` per-channel scores of each ``[Z, C, K]`` row set against ``k`` (see :func:`per_channel_scores`)."""
+    row_scale, col_exp, decay = parts
+    Z, S, c, K = row_scale.shape
+    C, R = S * c, len(rows)
+    k_cols = k_ZCK[:, None] * col_exp  # [Z, S, C, K]
+    x_rows = torch.cat([x.view(Z, S, c, K) * row_scale for x in rows], dim=2)  # [Z, S, R*c, K]
+    off = torch.matmul(x_rows, k_cols.mT)  # [Z, S, R*c, C]; blocks at and above the diagonal are 0
+    k_dec = decay * k_ZCK.view(Z, S, 1, c, K)  # [Z, S, c_i, c_j, K]
+    x_stack = torch.stack([x.view(Z, S, c, K) for x in rows], dim=-1)  # [Z, S, c_i, K, R]
+    diag = torch.matmul(k_dec, x_stack)  # [Z, S, c_i, c_j, R]
+    out = []
+    for r in range(R):
+        scores = off[:, :, r * c:(r + 1) * c].reshape(Z, S, c, S, c)  # a copy when R > 1
+        scores.diagonal(dim1=1, dim2=3).add_(diag[..., r].permute(0, 2, 3, 1))
+        out.append(scores.reshape(Z, C, C))
+    return out
+
+
+def _scores_backward(parts, rows: list[Tensor], k_ZCK: Tensor, grads: list[Tensor]):
+    """Hand-written backward of :func:`_scores`: ``(d rows, d k, d b)`` from the scores' gradients.
+
+    Entries of ``grads`` above the diagonal are ignored (the factors there are exactly 0). With
+    ``P_ij = sum_d x_id k_jd exp(b_id - b_jd)`` the log-decay gradient needs no products of its own:
+    ``db = sum_rows x * dx - k * dk``.
+    """
+    row_scale, col_exp, decay = parts
+    Z, S, c, K = row_scale.shape
+    C, R = S * c, len(rows)
+    k_cols = k_ZCK[:, None] * col_exp
+    dP_off = torch.cat([g.reshape(Z, S, c, C) for g in grads], dim=2)  # [Z, S, R*c, C]
+    x_rows = torch.cat([x.view(Z, S, c, K) * row_scale for x in rows], dim=2)
+    dx_off = torch.matmul(dP_off, k_cols).view(Z, S, R, c, K).mul_(row_scale[:, :, None])
+    dk = torch.matmul(dP_off.mT, x_rows).mul_(col_exp).sum(1)  # [Z, C, K]
+    # diagonal blocks
+    dP_diag = torch.stack([g.reshape(Z, S, c, S, c).diagonal(dim1=1, dim2=3) for g in grads], dim=-1)  # [Z, c_i, c_j, S, R]
+    dP_diag = dP_diag.permute(0, 3, 1, 4, 2)  # [Z, S, c_i, R, c_j]
+    k_dec = decay * k_ZCK.view(Z, S, 1, c, K)
+    dx_diag = torch.matmul(dP_diag, k_dec)  # [Z, S, c_i, R, K]
+    x_stack = torch.stack([x.view(Z, S, c, K) for x in rows], dim=3)  # [Z, S, c_i, R, K]
+    M = torch.matmul(dP_diag.mT, x_stack)  # [Z, S, c_i, c_j, K]
+    dk += M.mul_(decay).sum(2).view(Z, C, K)
+    dxs = [(dx_off[:, :, r] + dx_diag[:, :, :, r]).view(Z, C, K) for r in range(R)]
+    db = k_ZCK * dk
+    db.neg_()
+    for x, dx in zip(rows, dxs):
+        db.addcmul_(x, dx)
+    return dxs, dk, db
+
+
 def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> list[Tensor]:
     """For each ``x`` in ``rows``: ``P[i, j] = sum_d x_id k_jd exp(b_id - b_jd)`` for ``j <= i``, else 0.
 
-    ``rows`` and ``k_NZCK`` are ``[N, Z, C, K]``, ``b_NZCK`` the within-chunk cumulative log-decay.
-    Returns ``[N, Z, C, C]`` matrices (lower triangle including the diagonal).
+    ``rows`` and ``k_NZCK`` are ``[..., C, K]`` (any leading dims), ``b_NZCK`` the within-chunk
+    cumulative log-decay. Returns ``[..., C, C]`` matrices (lower triangle including the diagonal).
+    Not differentiable by autograd's own means where it matters: the ops use :func:`_scores` and
+    :func:`_scores_backward` inside their hand-written backward.
     """
-    N, Z, C, K = k_NZCK.shape
-    c = sub_chunk_size(C)
-    S = C // c
-    R = len(rows)
-    device = k_NZCK.device
-    b_blk = b_NZCK.view(N, Z, S, c, K)
-    ref_NZSK = b_blk[:, :, :, 0]  # log-decay at the first token of each sub-chunk
+    lead, (C, K) = k_NZCK.shape[:-2], k_NZCK.shape[-2:]
+    flat = [x.reshape(-1, C, K) for x in rows]
+    out = _scores(_score_parts(b_NZCK.reshape(-1, C, K)), flat, k_NZCK.reshape(-1, C, K))
+    return [p.view(*lead, C, C) for p in out]
 
-    # Off-diagonal blocks: rows of sub-chunk s against all columns j < s*c, through reference s*c.
-    row_scale = (b_blk - ref_NZSK[:, :, :, None]).exp()  # <= 1 since b is non-increasing
-    col_exp = ref_NZSK[:, :, :, None] - b_NZCK[:, :, None]  # [N, Z, S, C, K]
-    before_ref = torch.arange(C, device=device)[None, :] < (torch.arange(S, device=device) * c)[:, None]
-    col_NZSCK = k_NZCK[:, :, None] * col_exp.masked_fill(~before_ref[:, :, None], float("-inf")).exp()
-    x_rows = torch.cat([x.view(N, Z, S, c, K) * row_scale for x in rows], dim=3)  # [N, Z, S, R*c, K]
-    off = torch.matmul(x_rows, col_NZSCK.transpose(-1, -2))  # [N, Z, S, R*c, C]
 
-    # Diagonal c x c blocks, element-wise: exp(b_i - b_j) for j <= i inside the sub-chunk.
-    diff = b_blk[:, :, :, :, None] - b_blk[:, :, :, None, :]  # [N, Z, S, c_i, c_j, K]
-    decay = diff.masked_fill(~lower_mask(c, device)[:, :, None], float("-inf")).exp()
-    kdec = decay * k_NZCK.view(N, Z, S, 1, c, K)
-    x_stack = torch.stack([x.view(N, Z, S, c, K) for x in rows], dim=-1)  # [N, Z, S, c, K, R]
-    diag = torch.matmul(kdec, x_stack)  # [N, Z, S, c_i, c_j, R]
+def _pc_forward(q, k, v, b, beta, h0, save: bool):
+    """Chunked per-channel-decay forward over chunk-layout ``[N, Z, C, D]`` inputs (GLA: ``beta is None``).
 
-    out = []
-    for r in range(R):
-        scores = off[:, :, :, r * c:(r + 1) * c].reshape(N, Z, S, c, S, c)
-        # the (s, s) blocks of `off` are zero (columns >= s*c were masked), so adding is placing
-        scores.diagonal(dim1=2, dim2=4).add_(diag[..., r].permute(0, 1, 3, 4, 2))
-        out.append(scores.reshape(N, Z, C, C))
-    return out
+    KDA (``beta`` given): ``A = strict_lower(beta_i scores(k, k))``, ``T = (I + A)^{-1}``,
+    ``V_new = T (diag(beta) V - K_bg S)`` with ``K_bg = diag(beta) (exp(b) * K)``; GLA: ``V_new = V``.
+    Both: ``O = (exp(b) * Q) S + P V_new``, ``S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V_new``.
+    The scan runs one chunk at a time so that every decay factor and score matrix stays in cache.
+    """
+    N, Z, C, K = k.shape
+    V = v.shape[-1]
+    delta = beta is not None
+    O = v.new_empty(N, Z, C, V)
+    S_all = k.new_empty(N + 1, Z, K, V)  # S_all[n] = state entering chunk n
+    if h0 is None:
+        S_all[0].zero_()
+    else:
+        S_all[0].copy_(h0)
+    P_all = k.new_empty(N, Z, C, C) if save else None
+    KK_all = Tinv_all = Vn_all = None
+    if delta and save:
+        KK_all, Tinv_all, Vn_all = k.new_empty(N, Z, C, C), k.new_empty(N, Z, C, C), v.new_empty(N, Z, C, V)
+    for n in range(N):
+        S = S_all[n]
+        b_n, k_n, q_n = b[n], k[n], q[n]
+        parts = _score_parts(b_n)
+        gam = b_n.exp()
+        b_last = b_n[:, -1:]
+        Kd = k_n * (b_last - b_n).exp_()
+        if delta:
+            P, KK = _scores(parts, [q_n, k_n], k_n)
+            beta_n = beta[n][..., None]
+            Tinv = unit_lower_inverse(KK * beta_n)  # only the strict lower triangle is read
+            X = torch.baddbmm(v[n] * beta_n, k_n * gam * beta_n, S, alpha=-1.0)  # V_b - K_bg S
+            Vn = torch.bmm(Tinv, X)
+            if save:
+                KK_all[n], Tinv_all[n], Vn_all[n] = KK, Tinv, Vn
+        else:
+            (P,) = _scores(parts, [q_n], k_n)
+            Vn = v[n]
+        if save:
+            P_all[n] = P
+        torch.bmm(P, Vn, out=O[n]).baddbmm_(q_n * gam, S)
+        torch.mul(S, b_last.mT.exp(), out=S_all[n + 1]).baddbmm_(Kd.mT, Vn)
+    return O, S_all[N], (S_all, P_all, KK_all, Tinv_all, Vn_all)
+
+
+def _pc_backward(q, k, v, b, beta, dO, dhT, saved):
+    """Hand-written backward of :func:`_pc_forward`: the scan in reverse, one chunk at a time.
+
+    ``dV_new = P^T dO + K_d dS'``; KDA: ``dX = T^T dV_new`` (``dv = beta dX``), ``dK_bg = -dX S^T``,
+    ``dA = -strict_lower(dX V_new^T)``; ``dS = Diag(exp(b_C)) dS' + Q_g^T dO - K_bg^T dX``. The score
+    gradients go through :func:`_scores_backward`; everything lands in ``db`` (the within-chunk
+    cumulative log-decay), whose reverse cumsum autograd takes outside.
+    """
+    S_all, P_all, KK_all, Tinv_all, Vn_all = saved
+    N, Z, C, K = k.shape
+    delta = beta is not None
+    dq, dk, db, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(b), torch.empty_like(v)
+    dbeta = torch.empty_like(beta) if delta else None
+    dS = k.new_zeros(Z, K, v.shape[-1]) if dhT is None else dhT.to(k.dtype).reshape(Z, K, -1).clone()
+    for n in range(N - 1, -1, -1):
+        S, P, dO_n = S_all[n], P_all[n], dO[n]
+        b_n, k_n, q_n = b[n], k[n], q[n]
+        parts = _score_parts(b_n)
+        gam = b_n.exp()
+        b_last = b_n[:, -1:]
+        e_d = (b_last - b_n).exp_()
+        Kd = k_n * e_d
+        Qg = q_n * gam
+        Vn = Vn_all[n] if delta else v[n]
+        dVn = torch.bmm(P.mT, dO_n).baddbmm_(Kd, dS)
+        dP = torch.bmm(dO_n, Vn.mT)  # only its lower triangle is read
+        dQg = torch.bmm(dO_n, S.mT)
+        dKd = torch.bmm(Vn, dS.mT)
+        d_last = (S * dS).sum(-1).mul_(b_last[:, 0].exp())  # through Diag(exp(b_C)) S, [Z, K]
+        dS_prev = torch.mul(dS, b_last.mT.exp()).baddbmm_(Qg.mT, dO_n)
+        if delta:
+            beta_n = beta[n][..., None]
+            gb = gam * beta_n
+            dX = torch.bmm(Tinv_all[n].mT, dVn)
+            torch.mul(dX, beta_n, out=dv[n])
+            dbeta_n = torch.linalg.vecdot(dX, v[n])
+            ndKbg = torch.bmm(dX, S.mT)  # -dK_bg
+            ndA = torch.bmm(dX, Vn.mT).tril_(-1)  # -dA (strict lower)
+            dbeta_n -= torch.linalg.vecdot(ndA, KK_all[n])
+            dKK = ndA.mul_(beta_n).neg_()
+            dS_prev.baddbmm_(k_n.mul(gb).mT, dX, alpha=-1.0)
+            (dq_s, dk_r), dk_s, db_s = _scores_backward(parts, [q_n, k_n], k_n, [dP, dKK])
+            dk_s += dk_r
+            dk_s.addcmul_(ndKbg, gb, value=-1.0)
+            dbeta_n -= torch.linalg.vecdot(ndKbg, k_n * gam)
+            db_s.addcmul_(ndKbg, k_n * gb, value=-1.0)
+            dbeta[n] = dbeta_n
+        else:
+            dv[n] = dVn
+            (dq_s,), dk_s, db_s = _scores_backward(parts, [q_n], k_n, [dP])
+        torch.addcmul(dq_s, dQg, gam, out=dq[n])
+        torch.addcmul(dk_s, dKd, e_d, out=dk[n])
+        db_s.addcmul_(dQg, Qg)
+        kd_term = dKd.mul_(Kd)
+        db_s -= kd_term
+        db_s[:, -1] += kd_term.sum(1) + d_last
+        db[n] = db_s
+        dS = dS_prev
+    return dq, dk, dv, db, dbeta, dS
+
+
+class _PerChannelChunk(torch.autograd.Function):
+    """Chunked GLA (``beta=None``) / KDA over chunk-layout inputs, with :func:`_pc_backward`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, b, beta, h0):
+        O, hT, saved = _pc_forward(q, k, v, b, beta, h0, save=True)
+        S_all, P_all, KK_all, Tinv_all, Vn_all = saved
+        ctx.delta = beta is not None
+        ctx.has_h0 = h0 is not None
+        ctx.save_for_backward(q, k, v, b, beta, S_all, P_all, KK_all, Tinv_all, Vn_all)
+        return O, hT
+
+    @staticmethod
+    def backward(ctx, dO, dhT):
+        q, k, v, b, beta, S_all, P_all, KK_all, Tinv_all, Vn_all = ctx.saved_tensors
+        saved = (S_all, P_all, KK_all, Tinv_all, Vn_all)
+        dq, dk, dv, db, dbeta, dh0 = _pc_backward(q, k, v, b, beta if ctx.delta else None, dO, dhT, saved)
+        return dq, dk, dv, db, dbeta, (dh0 if ctx.has_h0 else None)
+
+
+def chunk_per_channel(q: Tensor, k: Tensor, v: Tensor, b: Tensor, beta: Tensor | None,
+                      h0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Chunked GLA (``beta=None``) or KDA on chunk-layout ``[N, Z, C, D]`` inputs; ``(O [N, Z, C, V], S [Z, K, V])``.
+
+    ``q`` is already scaled, ``b`` is the within-chunk cumulative log-decay, ``h0`` is ``[Z, K, V]``
+    or None. Under autograd it runs as one ``autograd.Function`` with a hand-written backward.
+    """
+    args = [q, k, v, b, beta, h0]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
+        return _PerChannelChunk.apply(*args)
+    O, hT, _ = _pc_forward(q, k, v, b, beta, h0, save=False)
+    return O, hT
 
 
 def check_cu_seqlens(op: str, cu_seqlens: Tensor, q: Tensor, initial_state: Tensor | None) -> int:

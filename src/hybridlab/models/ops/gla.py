@@ -27,7 +27,7 @@ from hybridlab.models.ops.common import (
     compute_dtype,
     fla_op,
     from_chunks,
-    per_channel_scores,
+    chunk_per_channel,
     resolve_scale,
     to_chunks,
     varlen_cpu,
@@ -69,18 +69,9 @@ def _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, C):
     out_dtype = v.dtype
     q, k, v, g, S = _prepare(q, k, v, g, scale, initial_state)
     q, k, v, g = (to_chunks(x, C, q.dtype) for x in (q, k, v, g))
-    N, Z = q.shape[:2]
+    Z = q.shape[1]
     b = g.cumsum(2)  # [N, Z, C, K] within-chunk cumulative log-decay
-    (P,) = per_channel_scores([q], k, b)
-    b_last = b[:, :, -1:]
-    R = (k * (b_last - b).exp()).mT @ v  # [N, Z, K, V] state contribution of each chunk
-    Gam = b_last.mT.exp()  # [N, Z, K, 1]
-    S = S.reshape(Z, K, V)
-    states = []
-    for Gam_n, R_n in zip(Gam.unbind(0), R.unbind(0)):  # unbind: see ops/kda.py
-        states.append(S)
-        S = Gam_n * S + R_n
-    O = (q * b.exp()) @ torch.stack(states) + P @ v
+    O, S = chunk_per_channel(q, k, v, b, None, S.reshape(Z, K, V))
     o = from_chunks(O, B, H, T).to(out_dtype)
     return o, (S.reshape(B, H, K, V) if output_final_state else None)
 

@@ -33,11 +33,10 @@ from hybridlab.models.ops.common import (
     fla_op,
     from_chunks,
     l2norm,
-    per_channel_scores,
+    chunk_per_channel,
     resolve_scale,
     to_chunks,
     varlen_cpu,
-    unit_lower_inverse,
 )
 
 FLA_KDA_CHUNK_SIZES = (32, 64)
@@ -89,28 +88,9 @@ def _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, u
     q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel)
     dtype = q.dtype
     q, k, v, g, beta = (to_chunks(x, C, dtype) for x in (q, k, v, g, beta))
-    N, Z = q.shape[:2]
+    Z = q.shape[1]
     b = g.cumsum(2)  # [N, Z, C, K] within-chunk cumulative log-decay
-    P, KKd = per_channel_scores([q, k], k, b)
-    L = KKd.tril(-1) * beta[..., :, None] + torch.eye(C, dtype=dtype, device=q.device)
-    Tinv = unit_lower_inverse(L)
-    gam = b.exp()
-    W = Tinv @ (k * (gam * beta[..., None]))
-    U = Tinv @ (v * beta[..., None])
-    b_last = b[:, :, -1:]
-    Kd_T = (k * (b_last - b).exp()).mT  # [N, Z, K, C]
-    Gam = b_last.mT.exp()  # [N, Z, K, 1]
-    S = S.reshape(Z, K, V)
-    states, v_new = [], []
-    # unbind, not U[n]: autograd then stacks the per-chunk gradients once, where indexing would give
-    # every chunk a zero-filled gradient of the whole tensor (N^2 memory traffic in the backward)
-    for U_n, W_n, Gam_n, Kd_T_n in zip(*(x.unbind(0) for x in (U, W, Gam, Kd_T))):
-        states.append(S)
-        Vn = torch.baddbmm(U_n, W_n, S, alpha=-1.0)
-        S = torch.baddbmm(Gam_n * S, Kd_T_n, Vn)
-        v_new.append(Vn)
-    S_all = torch.stack(states)
-    O = (q * gam) @ S_all + P @ torch.stack(v_new)
+    O, S = chunk_per_channel(q, k, v, b, beta, S.reshape(Z, K, V))
     o = from_chunks(O, B, H, T).to(out_dtype)
     return o, (S.reshape(B, H, K, V) if output_final_state else None)
 
