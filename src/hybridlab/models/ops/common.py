@@ -177,71 +177,131 @@ def sub_chunk_size(chunk_size: int) -> int:
     return min(divisors, key=lambda d: (abs(d - root), d))
 
 
-def _score_parts(b_ZCK: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+class Scratch(dict):
+    """Per-call scratch buffers, allocated on first use and reused for every chunk of a scan.
+
+    A fresh multi-MB temporary per chunk costs more than the arithmetic that fills it: freed large
+    blocks go back to the OS and every reuse page-faults them in again (how much depends on the
+    allocator and the kernel, so on the machine). ``get`` hands out the same buffer each time.
+    """
+
+    def get(self, name: str, shape, like: Tensor) -> Tensor:
+        buf = dict.get(self, name)
+        if buf is None or buf.shape != tuple(shape):
+            buf = self[name] = like.new_empty(shape)
+        return buf
+
+    def mask(self, n: int, diagonal: int, like: Tensor) -> Tensor:
+        key = f"mask{n}:{diagonal}"
+        if key not in self:
+            self[key] = lower_mask(n, like.device, diagonal).to(like.dtype)
+        return self[key]
+
+
+def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Decay factors of :func:`per_channel_scores` for one ``[Z, C, K]`` slab of cumulative log-decays.
 
-    Returns ``row_scale [Z, S, c, K] = exp(b_i - b_r)`` (r = first token of i's sub-chunk),
-    ``col_exp [Z, S, C, K] = exp(b_r - b_j)`` for columns ``j < r`` of sub-chunk s and 0 elsewhere, and
-    the diagonal blocks' ``decay [Z, S, c_i, c_j, K] = exp(b_i - b_j)`` for ``j <= i`` and 0 elsewhere.
-    Every exponent is ``<= 0`` (masked to ``-inf`` before ``exp``), so every factor lies in [0, 1].
+    With ``r_s`` / ``e_s`` the first / last token of sub-chunk s: ``row_scale [Z, S, c, K] = exp(b_i - b_r)``
+    and ``col_scale [Z, S, c, K] = exp(b_e - b_j)`` (i, j in their own sub-chunk), ``link [Z, S, S, 1, K] =
+    exp(b_{r_s} - b_{e_t})`` for ``t < s`` and 0 otherwise, so that ``exp(b_i - b_j) = row_scale_i link_st
+    col_scale_j`` for i in s and j in an earlier sub-chunk t; and the diagonal blocks' ``decay [Z, S, c_i,
+    c_j, K] = exp(b_i - b_j)`` for ``j <= i``, 0 elsewhere. Every exponent is ``<= 0`` (differences are
+    clamped before ``exp`` and the masked entries zeroed after it, never ``exp(-inf)``: that is the slow
+    path of the vectorised exp, ~6x its normal cost), so every factor lies in [0, 1].
     """
     Z, C, K = b_ZCK.shape
     c = sub_chunk_size(C)
     S = C // c
-    device = b_ZCK.device
     b_blk = b_ZCK.view(Z, S, c, K)
-    ref = b_blk[:, :, :1]  # [Z, S, 1, K]
-    row_scale = (b_blk - ref).exp_()
-    before_ref = torch.arange(C, device=device)[None, :] < (torch.arange(S, device=device) * c)[:, None]
-    col_exp = (ref - b_ZCK[:, None]).masked_fill_(~before_ref[None, :, :, None], float("-inf")).exp_()
-    decay = b_blk[:, :, :, None, :] - b_blk[:, :, None, :, :]
-    decay = decay.masked_fill_(~lower_mask(c, device)[None, None, :, :, None], float("-inf")).exp_()
-    return row_scale, col_exp, decay
+    ref, last = b_blk[:, :, :1], b_blk[:, :, -1:]  # [Z, S, 1, K]
+    row_scale = torch.sub(b_blk, ref, out=ws.get("row_scale", (Z, S, c, K), b_ZCK)).exp_()
+    col_scale = torch.sub(last, b_blk, out=ws.get("col_scale", (Z, S, c, K), b_ZCK)).exp_()
+    link = torch.sub(ref[:, :, None], last[:, None], out=ws.get("link", (Z, S, S, 1, K), b_ZCK))
+    link.clamp_max_(0.0).exp_().mul_(ws.mask(S, -1, b_ZCK)[:, :, None, None])
+    decay = torch.sub(b_blk[:, :, :, None, :], b_blk[:, :, None, :, :], out=ws.get("decay", (Z, S, c, c, K), b_ZCK))
+    decay.clamp_max_(0.0).exp_().mul_(ws.mask(c, 0, b_ZCK)[:, :, None])
+    return row_scale, col_scale, link, decay
 
 
-def _scores(parts, rows: list[Tensor], k_ZCK: Tensor) -> list[Tensor]:
-    """``[Z, C, C]`` per-channel scores of each ``[Z, C, K]`` row set against ``k`` (see :func:`per_channel_scores`)."""
-    row_scale, col_exp, decay = parts
+def _key_cols(parts, k_ZCK: Tensor, ws: Scratch) -> Tensor:
+    """``[Z, S, C, K]``: row s holds ``k_j exp(b_{r_s} - b_j)`` for columns j before sub-chunk s, else 0."""
+    _, col_scale, link, _ = parts
+    Z, S, c, K = col_scale.shape
+    kc = torch.mul(k_ZCK.view(Z, S, c, K), col_scale, out=ws.get("k_col", (Z, S, c, K), k_ZCK))
+    return torch.mul(link, kc[:, None], out=ws.get("k_cols", (Z, S, S, c, K), k_ZCK)).view(Z, S, S * c, K)
+
+
+def _row_stack(parts, rows: list[Tensor], ws: Scratch) -> Tensor:
+    """``[Z, S, R*c, K]``: each row set's sub-chunk rows scaled by ``exp(b_i - b_r)``, row sets stacked per sub-chunk."""
+    row_scale = parts[0]
+    Z, S, c, K = row_scale.shape
+    x_rows = ws.get("x_rows", (Z, S, len(rows) * c, K), row_scale)
+    for r, x in enumerate(rows):
+        torch.mul(x.view(Z, S, c, K), row_scale, out=x_rows[:, :, r * c:(r + 1) * c])
+    return x_rows
+
+
+def _scores(parts, rows: list[Tensor], k_ZCK: Tensor, ws: Scratch, outs: list[Tensor] | None = None) -> list[Tensor]:
+    """``[Z, C, C]`` per-channel scores of each ``[Z, C, K]`` row set against ``k`` (see :func:`per_channel_scores`).
+
+    Written into ``outs`` when given (one ``[Z, C, C]`` tensor per row set).
+    """
+    row_scale, _, _, decay = parts
     Z, S, c, K = row_scale.shape
     C, R = S * c, len(rows)
-    k_cols = k_ZCK[:, None] * col_exp  # [Z, S, C, K]
-    x_rows = torch.cat([x.view(Z, S, c, K) * row_scale for x in rows], dim=2)  # [Z, S, R*c, K]
-    off = torch.matmul(x_rows, k_cols.mT)  # [Z, S, R*c, C]; blocks at and above the diagonal are 0
-    k_dec = decay * k_ZCK.view(Z, S, 1, c, K)  # [Z, S, c_i, c_j, K]
-    x_stack = torch.stack([x.view(Z, S, c, K) for x in rows], dim=-1)  # [Z, S, c_i, K, R]
-    diag = torch.matmul(k_dec, x_stack)  # [Z, S, c_i, c_j, R]
-    out = []
-    for r in range(R):
-        scores = off[:, :, r * c:(r + 1) * c].reshape(Z, S, c, S, c)  # a copy when R > 1
-        scores.diagonal(dim1=1, dim2=3).add_(diag[..., r].permute(0, 2, 3, 1))
-        out.append(scores.reshape(Z, C, C))
-    return out
+    k_cols = _key_cols(parts, k_ZCK, ws).view(Z * S, C, K)
+    x_rows = _row_stack(parts, rows, ws)
+    off = ws.get("off", (Z, S, R * c, C), k_ZCK)  # blocks at and above the diagonal come out 0
+    torch.bmm(x_rows.view(Z * S, R * c, K), k_cols.mT, out=off.view(Z * S, R * c, C))
+    k_dec = torch.mul(decay, k_ZCK.view(Z, S, 1, c, K), out=ws.get("k_dec", decay.shape, k_ZCK))  # [Z, S, c_i, c_j, K]
+    tmp = ws.get("tmp5", decay.shape, k_ZCK)
+    outs = [k_ZCK.new_empty(Z, C, C) for _ in rows] if outs is None else outs
+    for r, (x, out) in enumerate(zip(rows, outs)):
+        blocks = out.view(Z, S, c, S, c)
+        blocks.copy_(off[:, :, r * c:(r + 1) * c].view(Z, S, c, S, c))
+        diag = torch.mul(k_dec, x.view(Z, S, c, 1, K), out=tmp).sum(-1)  # [Z, S, c_i, c_j]
+        blocks.diagonal(dim1=1, dim2=3).add_(diag.permute(0, 2, 3, 1))
+    return outs
 
 
-def _scores_backward(parts, rows: list[Tensor], k_ZCK: Tensor, grads: list[Tensor]):
+def _scores_backward(parts, rows: list[Tensor], k_ZCK: Tensor, grads: list[Tensor], ws: Scratch):
     """Hand-written backward of :func:`_scores`: ``(d rows, d k, d b)`` from the scores' gradients.
 
     Entries of ``grads`` above the diagonal are ignored (the factors there are exactly 0). With
     ``P_ij = sum_d x_id k_jd exp(b_id - b_jd)`` the log-decay gradient needs no products of its own:
     ``db = sum_rows x * dx - k * dk``.
     """
-    row_scale, col_exp, decay = parts
+    row_scale, col_scale, link, decay = parts
     Z, S, c, K = row_scale.shape
     C, R = S * c, len(rows)
-    k_cols = k_ZCK[:, None] * col_exp
-    dP_off = torch.cat([g.reshape(Z, S, c, C) for g in grads], dim=2)  # [Z, S, R*c, C]
-    x_rows = torch.cat([x.view(Z, S, c, K) * row_scale for x in rows], dim=2)
-    dx_off = torch.matmul(dP_off, k_cols).view(Z, S, R, c, K).mul_(row_scale[:, :, None])
-    dk = torch.matmul(dP_off.mT, x_rows).mul_(col_exp).sum(1)  # [Z, C, K]
-    # diagonal blocks
-    dP_diag = torch.stack([g.reshape(Z, S, c, S, c).diagonal(dim1=1, dim2=3) for g in grads], dim=-1)  # [Z, c_i, c_j, S, R]
-    dP_diag = dP_diag.permute(0, 3, 1, 4, 2)  # [Z, S, c_i, R, c_j]
-    k_dec = decay * k_ZCK.view(Z, S, 1, c, K)
-    dx_diag = torch.matmul(dP_diag, k_dec)  # [Z, S, c_i, R, K]
-    x_stack = torch.stack([x.view(Z, S, c, K) for x in rows], dim=3)  # [Z, S, c_i, R, K]
-    M = torch.matmul(dP_diag.mT, x_stack)  # [Z, S, c_i, c_j, K]
+    k_cols = _key_cols(parts, k_ZCK, ws).view(Z * S, C, K)
+    x_rows = _row_stack(parts, rows, ws)
+    if R == 1:
+        dP_off = grads[0].reshape(Z, S, c, C)
+    else:
+        dP_off = ws.get("dP_off", (Z, S, R * c, C), k_ZCK)
+        for r, g in enumerate(grads):
+            dP_off[:, :, r * c:(r + 1) * c] = g.view(Z, S, c, C)
+    dP_flat = dP_off.reshape(Z * S, R * c, C)
+    dx_off = torch.bmm(dP_flat, k_cols, out=ws.get("dx_off", (Z * S, R * c, K), k_ZCK))
+    dx_off = dx_off.view(Z, S, R, c, K).mul_(row_scale[:, :, None])
+    G = torch.bmm(dP_flat.mT, x_rows.view(Z * S, R * c, K), out=ws.get("G", (Z * S, C, K), k_ZCK))
+    dk = G.view(Z, S, S, c, K).mul_(link).sum(1).mul_(col_scale).view(Z, C, K)
+    # diagonal blocks: element-wise (as batched products they would be 1024 tiny c x K matrices)
+    k_dec = torch.mul(decay, k_ZCK.view(Z, S, 1, c, K), out=ws.get("k_dec", decay.shape, k_ZCK))
+    tmp = ws.get("tmp5", decay.shape, k_ZCK)
+    M = ws.get("M", decay.shape, k_ZCK)  # M_ijd = sum_rows dP_ij x_id
+    dxs = []
+    for r, (x, g) in enumerate(zip(rows, grads)):
+        dP_diag = g.reshape(Z, S, c, S, c).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)[..., None]  # [Z, S, c_i, c_j, 1]
+        dx = torch.mul(k_dec, dP_diag, out=tmp).sum(3).add_(dx_off[:, :, r])  # [Z, S, c_i, K]
+        dxs.append(dx.view(Z, C, K))
+        x5 = x.view(Z, S, c, 1, K)
+        if r == 0:
+            torch.mul(dP_diag, x5, out=M)
+        else:
+            M.addcmul_(dP_diag, x5)
     dk += M.mul_(decay).sum(2).view(Z, C, K)
-    dxs = [(dx_off[:, :, r] + dx_diag[:, :, :, r]).view(Z, C, K) for r in range(R)]
     db = k_ZCK * dk
     db.neg_()
     for x, dx in zip(rows, dxs):
@@ -259,22 +319,45 @@ def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> li
     """
     lead, (C, K) = k_NZCK.shape[:-2], k_NZCK.shape[-2:]
     flat = [x.reshape(-1, C, K) for x in rows]
-    out = _scores(_score_parts(b_NZCK.reshape(-1, C, K)), flat, k_NZCK.reshape(-1, C, K))
+    ws = Scratch()
+    out = _scores(_score_parts(b_NZCK.reshape(-1, C, K), ws), flat, k_NZCK.reshape(-1, C, K), ws)
     return [p.view(*lead, C, C) for p in out]
 
 
-def _pc_forward(q, k, v, b, beta, h0, save: bool):
-    """Chunked per-channel-decay forward over chunk-layout ``[N, Z, C, D]`` inputs (GLA: ``beta is None``).
+def _gather(ws: Scratch, name: str, x: Tensor, C: int, n: int) -> Tensor:
+    """Chunk ``n`` of ``[B, T, H, *D]`` (any strides) as a contiguous ``[B*H, C, *D]`` scratch buffer."""
+    B, _, H = x.shape[:3]
+    chunk = chunk_view(x, C)[n]  # [B, H, C, *D]
+    out = ws.get(name, (B * H, C, *x.shape[3:]), x)
+    out.view(chunk.shape).copy_(chunk)
+    return out
+
+
+def _chunk_decay(ws: Scratch, g: Tensor, C: int, n: int) -> Tensor:
+    """Within-chunk cumulative log-decay ``b [B*H, C, K]`` of chunk ``n`` of ``g [B, T, H, K]``."""
+    B, _, H, K = g.shape
+    b = ws.get("b", (B * H, C, K), g)
+    torch.cumsum(chunk_view(g, C)[n], dim=2, out=b.view(B, H, C, K))
+    return b
+
+
+def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
+    """Chunked per-channel-decay forward (GLA: ``beta is None``) on fla-layout inputs, T a multiple of C.
 
     KDA (``beta`` given): ``A = strict_lower(beta_i scores(k, k))``, ``T = (I + A)^{-1}``,
     ``V_new = T (diag(beta) V - K_bg S)`` with ``K_bg = diag(beta) (exp(b) * K)``; GLA: ``V_new = V``.
     Both: ``O = (exp(b) * Q) S + P V_new``, ``S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V_new``.
-    The scan runs one chunk at a time so that every decay factor and score matrix stays in cache.
+    The scan runs one chunk at a time: each chunk's q, k, v, g (and beta) are gathered from fla's
+    layout into small reused buffers, ``b = cumsum(g)`` and ``scale`` are applied there, and the output
+    is written straight into ``[B, T, H, V]``, so no full-size layout copy is made and every decay
+    factor and score matrix stays in cache.
     """
-    N, Z, C, K = k.shape
+    B, T, H, K = k.shape
     V = v.shape[-1]
+    N, Z = T // C, B * H
     delta = beta is not None
-    O = v.new_empty(N, Z, C, V)
+    o = v.new_empty(B, T, H, V)
+    o_chunks = chunk_view(o, C)
     S_all = k.new_empty(N + 1, Z, K, V)  # S_all[n] = state entering chunk n
     if h0 is None:
         S_all[0].zero_()
@@ -284,124 +367,147 @@ def _pc_forward(q, k, v, b, beta, h0, save: bool):
     KK_all = Tinv_all = Vn_all = None
     if delta and save:
         KK_all, Tinv_all, Vn_all = k.new_empty(N, Z, C, C), k.new_empty(N, Z, C, C), v.new_empty(N, Z, C, V)
+    ws = Scratch()
     for n in range(N):
         S = S_all[n]
-        b_n, k_n, q_n = b[n], k[n], q[n]
-        parts = _score_parts(b_n)
-        gam = b_n.exp()
+        q_n, k_n, v_n = _gather(ws, "q", q, C, n).mul_(scale), _gather(ws, "k", k, C, n), _gather(ws, "v", v, C, n)
+        b_n = _chunk_decay(ws, g, C, n)
+        parts = _score_parts(b_n, ws)
+        gam = torch.exp(b_n, out=ws.get("gam", b_n.shape, b_n))
         b_last = b_n[:, -1:]
-        Kd = k_n * (b_last - b_n).exp_()
+        Kd = torch.sub(b_last, b_n, out=ws.get("Kd", b_n.shape, b_n)).exp_().mul_(k_n)
+        P = P_all[n] if save else ws.get("P", (Z, C, C), k)
         if delta:
-            P, KK = _scores(parts, [q_n, k_n], k_n)
-            beta_n = beta[n][..., None]
+            KK = KK_all[n] if save else ws.get("KK", (Z, C, C), k)
+            _scores(parts, [q_n, k_n], k_n, ws, [P, KK])
+            beta_n = _gather(ws, "beta", beta, C, n)[..., None]
             Tinv = unit_lower_inverse(KK * beta_n)  # only the strict lower triangle is read
-            X = torch.baddbmm(v[n] * beta_n, k_n * gam * beta_n, S, alpha=-1.0)  # V_b - K_bg S
-            Vn = torch.bmm(Tinv, X)
+            Kbg = torch.mul(gam, beta_n, out=ws.get("Kbg", b_n.shape, b_n)).mul_(k_n)
+            X = v_n.mul_(beta_n).baddbmm_(Kbg, S, alpha=-1.0)  # V_b - K_bg S, in v's buffer
+            Vn = torch.bmm(Tinv, X, out=Vn_all[n] if save else ws.get("Vn", X.shape, v))
             if save:
-                KK_all[n], Tinv_all[n], Vn_all[n] = KK, Tinv, Vn
+                Tinv_all[n] = Tinv
         else:
-            (P,) = _scores(parts, [q_n], k_n)
-            Vn = v[n]
-        if save:
-            P_all[n] = P
-        torch.bmm(P, Vn, out=O[n]).baddbmm_(q_n * gam, S)
+            _scores(parts, [q_n], k_n, ws, [P])
+            Vn = v_n
+        O = torch.bmm(P, Vn, out=ws.get("O", Vn.shape, v)).baddbmm_(gam.mul_(q_n), S)  # gam becomes Q_g
+        o_chunks[n].copy_(O.view(B, H, C, V))
         torch.mul(S, b_last.mT.exp(), out=S_all[n + 1]).baddbmm_(Kd.mT, Vn)
-    return O, S_all[N], (S_all, P_all, KK_all, Tinv_all, Vn_all)
+    return o, S_all[N], (S_all, P_all, KK_all, Tinv_all, Vn_all)
 
 
-def _pc_backward(q, k, v, b, beta, dO, dhT, saved):
+def _pc_backward(q, k, v, g, beta, dO, dhT, saved, scale: float, C: int):
     """Hand-written backward of :func:`_pc_forward`: the scan in reverse, one chunk at a time.
 
     ``dV_new = P^T dO + K_d dS'``; KDA: ``dX = T^T dV_new`` (``dv = beta dX``), ``dK_bg = -dX S^T``,
     ``dA = -strict_lower(dX V_new^T)``; ``dS = Diag(exp(b_C)) dS' + Q_g^T dO - K_bg^T dX``. The score
-    gradients go through :func:`_scores_backward`; everything lands in ``db`` (the within-chunk
-    cumulative log-decay), whose reverse cumsum autograd takes outside.
+    gradients go through :func:`_scores_backward`; everything that depends on the decays lands in
+    ``db`` (the within-chunk cumulative log-decay), whose reverse cumsum is ``dg``. Gradients are
+    written straight into fla's layout, chunk by chunk.
     """
     S_all, P_all, KK_all, Tinv_all, Vn_all = saved
-    N, Z, C, K = k.shape
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N, Z = T // C, B * H
     delta = beta is not None
-    dq, dk, db, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(b), torch.empty_like(v)
+    dq, dk, dv, dg = (torch.empty_like(x) for x in (q, k, v, g))
     dbeta = torch.empty_like(beta) if delta else None
-    dS = k.new_zeros(Z, K, v.shape[-1]) if dhT is None else dhT.to(k.dtype).reshape(Z, K, -1).clone()
+    dq_c, dk_c, dv_c, dg_c = (chunk_view(x, C) for x in (dq, dk, dv, dg))
+    ws = Scratch()
+    dS, dS_prev = k.new_zeros(Z, K, V), k.new_empty(Z, K, V)  # ping-pong: leaving / entering the chunk
+    if dhT is not None:
+        dS.copy_(dhT.reshape(Z, K, V))
+
+    def buf(name, like):
+        return ws.get(name, like.shape, like)
+
     for n in range(N - 1, -1, -1):
-        S, P, dO_n = S_all[n], P_all[n], dO[n]
-        b_n, k_n, q_n = b[n], k[n], q[n]
-        parts = _score_parts(b_n)
-        gam = b_n.exp()
+        S, P = S_all[n], P_all[n]
+        q_n, k_n, v_n = _gather(ws, "q", q, C, n).mul_(scale), _gather(ws, "k", k, C, n), _gather(ws, "v", v, C, n)
+        dO_n = _gather(ws, "dO", dO, C, n)
+        b_n = _chunk_decay(ws, g, C, n)
+        parts = _score_parts(b_n, ws)
+        gam = torch.exp(b_n, out=buf("gam", b_n))
         b_last = b_n[:, -1:]
-        e_d = (b_last - b_n).exp_()
-        Kd = k_n * e_d
-        Qg = q_n * gam
-        Vn = Vn_all[n] if delta else v[n]
-        dVn = torch.bmm(P.mT, dO_n).baddbmm_(Kd, dS)
-        dP = torch.bmm(dO_n, Vn.mT)  # only its lower triangle is read
-        dQg = torch.bmm(dO_n, S.mT)
-        dKd = torch.bmm(Vn, dS.mT)
-        d_last = (S * dS).sum(-1).mul_(b_last[:, 0].exp())  # through Diag(exp(b_C)) S, [Z, K]
-        dS_prev = torch.mul(dS, b_last.mT.exp()).baddbmm_(Qg.mT, dO_n)
+        e_d = torch.sub(b_last, b_n, out=buf("e_d", b_n)).exp_()
+        Kd = torch.mul(k_n, e_d, out=buf("Kd", b_n))
+        Qg = torch.mul(q_n, gam, out=buf("Qg", b_n))
+        Vn = Vn_all[n] if delta else v_n
+        dVn = torch.bmm(P.mT, dO_n, out=buf("dVn", v_n)).baddbmm_(Kd, dS)
+        dP = torch.bmm(dO_n, Vn.mT, out=buf("dP", P))  # only its lower triangle is read
+        dQg = torch.bmm(dO_n, S.mT, out=buf("dQg", b_n))
+        dKd = torch.bmm(Vn, dS.mT, out=buf("dKd", b_n))
+        d_last = torch.linalg.vecdot(S, dS).mul_(b_last[:, 0].exp())  # through Diag(exp(b_C)) S, [Z, K]
+        torch.mul(dS, b_last.mT.exp(), out=dS_prev).baddbmm_(Qg.mT, dO_n)
         if delta:
-            beta_n = beta[n][..., None]
-            gb = gam * beta_n
-            dX = torch.bmm(Tinv_all[n].mT, dVn)
-            torch.mul(dX, beta_n, out=dv[n])
-            dbeta_n = torch.linalg.vecdot(dX, v[n])
-            ndKbg = torch.bmm(dX, S.mT)  # -dK_bg
-            ndA = torch.bmm(dX, Vn.mT).tril_(-1)  # -dA (strict lower)
+            beta_n = _gather(ws, "beta", beta, C, n)[..., None]
+            gb = torch.mul(gam, beta_n, out=buf("gb", b_n))
+            dX = torch.bmm(Tinv_all[n].mT, dVn, out=buf("dX", dVn))
+            torch.mul(dX.view(B, H, C, V), beta_n.view(B, H, C, 1), out=dv_c[n])
+            dbeta_n = torch.linalg.vecdot(dX, v_n)
+            ndKbg = torch.bmm(dX, S.mT, out=buf("ndKbg", b_n))  # -dK_bg
+            ndA = torch.bmm(dX, Vn.mT, out=buf("ndA", P)).tril_(-1)  # -dA (strict lower)
             dbeta_n -= torch.linalg.vecdot(ndA, KK_all[n])
             dKK = ndA.mul_(beta_n).neg_()
-            dS_prev.baddbmm_(k_n.mul(gb).mT, dX, alpha=-1.0)
-            (dq_s, dk_r), dk_s, db_s = _scores_backward(parts, [q_n, k_n], k_n, [dP, dKK])
+            Kbg = torch.mul(k_n, gb, out=buf("Kbg", b_n))
+            dS_prev.baddbmm_(Kbg.mT, dX, alpha=-1.0)
+            (dq_s, dk_r), dk_s, db_s = _scores_backward(parts, [q_n, k_n], k_n, [dP, dKK], ws)
             dk_s += dk_r
             dk_s.addcmul_(ndKbg, gb, value=-1.0)
-            dbeta_n -= torch.linalg.vecdot(ndKbg, k_n * gam)
-            db_s.addcmul_(ndKbg, k_n * gb, value=-1.0)
-            dbeta[n] = dbeta_n
+            dbeta_n -= torch.linalg.vecdot(ndKbg, torch.mul(k_n, gam, out=gb))
+            db_s.addcmul_(ndKbg, Kbg, value=-1.0)
+            chunk_view(dbeta, C)[n].copy_(dbeta_n.view(B, H, C))
         else:
-            dv[n] = dVn
-            (dq_s,), dk_s, db_s = _scores_backward(parts, [q_n], k_n, [dP])
-        torch.addcmul(dq_s, dQg, gam, out=dq[n])
-        torch.addcmul(dk_s, dKd, e_d, out=dk[n])
+            dv_c[n].copy_(dVn.view(B, H, C, V))
+            (dq_s,), dk_s, db_s = _scores_backward(parts, [q_n], k_n, [dP], ws)
+        dq_s.addcmul_(dQg, gam).mul_(scale)  # q entered scaled
+        dq_c[n].copy_(dq_s.view(B, H, C, K))
+        dk_c[n].copy_(dk_s.addcmul_(dKd, e_d).view(B, H, C, K))
         db_s.addcmul_(dQg, Qg)
         kd_term = dKd.mul_(Kd)
         db_s -= kd_term
         db_s[:, -1] += kd_term.sum(1) + d_last
-        db[n] = db_s
-        dS = dS_prev
-    return dq, dk, dv, db, dbeta, dS
+        # dg = reverse cumsum of db within the chunk
+        dg_c[n].copy_(torch.cumsum(db_s.flip(1), dim=1).flip(1).view(B, H, C, K))
+        dS, dS_prev = dS_prev, dS
+    return dq, dk, dv, dg, dbeta, dS
 
 
 class _PerChannelChunk(torch.autograd.Function):
-    """Chunked GLA (``beta=None``) / KDA over chunk-layout inputs, with :func:`_pc_backward`."""
+    """Chunked GLA (``beta=None``) / KDA on fla-layout inputs, with :func:`_pc_backward`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, b, beta, h0):
-        O, hT, saved = _pc_forward(q, k, v, b, beta, h0, save=True)
-        S_all, P_all, KK_all, Tinv_all, Vn_all = saved
-        ctx.delta = beta is not None
-        ctx.has_h0 = h0 is not None
-        ctx.save_for_backward(q, k, v, b, beta, S_all, P_all, KK_all, Tinv_all, Vn_all)
-        return O, hT
+    def forward(ctx, q, k, v, g, beta, h0, scale, C):
+        o, hT, saved = _pc_forward(q, k, v, g, beta, h0, scale, C, save=True)
+        ctx.delta, ctx.has_h0, ctx.scale, ctx.C = beta is not None, h0 is not None, scale, C
+        ctx.save_for_backward(q, k, v, g, beta, *saved)
+        return o, hT
 
     @staticmethod
     def backward(ctx, dO, dhT):
-        q, k, v, b, beta, S_all, P_all, KK_all, Tinv_all, Vn_all = ctx.saved_tensors
-        saved = (S_all, P_all, KK_all, Tinv_all, Vn_all)
-        dq, dk, dv, db, dbeta, dh0 = _pc_backward(q, k, v, b, beta if ctx.delta else None, dO, dhT, saved)
-        return dq, dk, dv, db, dbeta, (dh0 if ctx.has_h0 else None)
+        q, k, v, g, beta, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = _pc_backward(q, k, v, g, beta if ctx.delta else None, dO, dhT, saved,
+                                                  ctx.scale, ctx.C)
+        return dq, dk, dv, dg, dbeta, (dh0 if ctx.has_h0 else None), None, None
 
 
-def chunk_per_channel(q: Tensor, k: Tensor, v: Tensor, b: Tensor, beta: Tensor | None,
-                      h0: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Chunked GLA (``beta=None``) or KDA on chunk-layout ``[N, Z, C, D]`` inputs; ``(O [N, Z, C, V], S [Z, K, V])``.
+def chunk_per_channel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, h0: Tensor | None,
+                      scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Chunked GLA (``beta=None``) or KDA in fla's layout; ``(o [B, T, H, V], S [B*H, K, V])``.
 
-    ``q`` is already scaled, ``b`` is the within-chunk cumulative log-decay, ``h0`` is ``[Z, K, V]``
-    or None. Under autograd it runs as one ``autograd.Function`` with a hand-written backward.
+    ``q`` is unscaled (``scale`` is applied per chunk), ``g`` the per-channel log-decay, ``h0`` is
+    ``[B*H, K, V]`` or None; T need not be a multiple of ``chunk_size`` (neutral right-padding). Under
+    autograd it runs as one ``autograd.Function`` with a hand-written backward.
     """
-    args = [q, k, v, b, beta, h0]
+    T, C = q.shape[1], chunk_size
+    args = [pad_time(x, C) if x is not None else None for x in (q, k, v, g, beta)] + [h0]
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args):
-        return _PerChannelChunk.apply(*args)
-    O, hT, _ = _pc_forward(q, k, v, b, beta, h0, save=False)
-    return O, hT
+        o, hT = _PerChannelChunk.apply(*args, scale, C)
+    else:
+        o, hT, _ = _pc_forward(*args, scale, C, save=False)
+    if o.shape[1] != T:  # only when padded
+        o = o[:, :T]
+    return o, hT
 
 
 def check_cu_seqlens(op: str, cu_seqlens: Tensor, q: Tensor, initial_state: Tensor | None) -> int:

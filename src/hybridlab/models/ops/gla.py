@@ -26,10 +26,8 @@ from hybridlab.models.ops.common import (
     check_inputs,
     compute_dtype,
     fla_op,
-    from_chunks,
     chunk_per_channel,
     resolve_scale,
-    to_chunks,
     varlen_cpu,
 )
 
@@ -66,14 +64,11 @@ def naive_recurrent_gla(
 def _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, C):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    out_dtype = v.dtype
-    q, k, v, g, S = _prepare(q, k, v, g, scale, initial_state)
-    q, k, v, g = (to_chunks(x, C, q.dtype) for x in (q, k, v, g))
-    Z = q.shape[1]
-    b = g.cumsum(2)  # [N, Z, C, K] within-chunk cumulative log-decay
-    O, S = chunk_per_channel(q, k, v, b, None, S.reshape(Z, K, V))
-    o = from_chunks(O, B, H, T).to(out_dtype)
-    return o, (S.reshape(B, H, K, V) if output_final_state else None)
+    dtype, out_dtype = compute_dtype(q), v.dtype
+    q, k, v, g = (x.to(dtype) for x in (q, k, v, g))
+    h0 = None if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V)
+    o, S = chunk_per_channel(q, k, v, g, None, h0, resolve_scale(scale, K), C)
+    return o.to(out_dtype), (S.reshape(B, H, K, V) if output_final_state else None)
 
 
 def chunk_gla(

@@ -31,11 +31,9 @@ from hybridlab.models.ops.common import (
     compute_dtype,
     expand_gva,
     fla_op,
-    from_chunks,
     l2norm,
     chunk_per_channel,
     resolve_scale,
-    to_chunks,
     varlen_cpu,
 )
 
@@ -81,18 +79,16 @@ def naive_recurrent_kda(
 
 
 def _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, C):
-    B, T, _, K = q.shape
-    H = v.shape[2]  # value heads (GVA repeats q/k heads)
+    q, k = expand_gva(q, k, v)
+    B, T, H, K = q.shape
     V = v.shape[-1]
-    out_dtype = v.dtype
-    q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel)
-    dtype = q.dtype
-    q, k, v, g, beta = (to_chunks(x, C, dtype) for x in (q, k, v, g, beta))
-    Z = q.shape[1]
-    b = g.cumsum(2)  # [N, Z, C, K] within-chunk cumulative log-decay
-    O, S = chunk_per_channel(q, k, v, b, beta, S.reshape(Z, K, V))
-    o = from_chunks(O, B, H, T).to(out_dtype)
-    return o, (S.reshape(B, H, K, V) if output_final_state else None)
+    dtype, out_dtype = compute_dtype(q), v.dtype
+    q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    h0 = None if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V)
+    o, S = chunk_per_channel(q, k, v, g, beta, h0, resolve_scale(scale, K), C)
+    return o.to(out_dtype), (S.reshape(B, H, K, V) if output_final_state else None)
 
 
 def chunk_kda(
