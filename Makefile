@@ -8,6 +8,7 @@ VENV ?= .venv
 PYTHON ?= python3
 SCALE ?= tiny
 TORCH ?= torch==2.13.0
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hybridlab-installed
 
@@ -41,8 +42,10 @@ rehearsal: setup
 	$(BIN)/python workflow_scripts/make_rehearsal_inputs.py --corpus results/data/smoke/corpus --out cache/rehearsal
 	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake all --config scale=rehearsal
 
+# Two pytest-xdist workers (tests/conftest.py sends the smoke-DAG tests to one worker, the rehearsal to
+# the other, each other file whole); TEST_WORKERS=0 runs the suite in one process.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" python -m pytest -q
+	PATH="$(CURDIR)/$(BIN):$$PATH" python -m pytest -q -n $(TEST_WORKERS)
 
 clean-venv:
 	rm -rf $(VENV)

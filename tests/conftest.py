@@ -1,15 +1,76 @@
-"""Shared fixtures: the session's smoke repository, and Snakemake runners for the pipeline tests."""
+"""Shared fixtures: the session's smoke repository (helpers live in tests/smoke.py)."""
 
+import functools
+import os
 import time
+from pathlib import Path
 
 import pytest
 
-from smoke import ROOT, build, make_smoke_repo, snakemake  # noqa: F401  (ROOT and build: re-exported)
+from smoke import build, make_smoke_repo
+
+# Tests import their helpers from tests/smoke.py, never from this file (issue #15): fixtures only here.
+
+# Under pytest-xdist (`make test` runs `pytest -n 2`), a session or module fixture runs once in every
+# worker that runs a test needing it. So tests are sent in whole groups (scheduler below): the files
+# that use the session's smoke repository (they name `smoke_workdir`) form one group, on one worker, so
+# each smoke job still runs once per session; every other file is its own group (its module fixtures,
+# e.g. test_fsdp.py's torchrun runs, run once). Longest first: the smoke group, then the rehearsal (its own
+# repository, so it builds on the other worker meanwhile), then the next longest files, then the rest.
+DAG_GROUP = "smoke-dag"
+LONG_FILES = ["test_rehearsal.py", "test_fsdp.py", "test_gpu_acceptance.py"]
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
-def run_snakemake(cwd, *args, timeout=900):
-    """`snakemake ARGS` in `cwd`; returns the CompletedProcess without checking its exit status."""
-    return snakemake(cwd, *args, check=False, timeout=timeout)
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def _uses_smoke_repo(name: str) -> bool:
+    path = Path(__file__).with_name(name)
+    return path.is_file() and "smoke_workdir" in path.read_text()
+
+
+def _rank(nodeid: str) -> int:
+    name = _file(nodeid)
+    if _uses_smoke_repo(name):
+        return 0
+    return LONG_FILES.index(name) + 1 if name in LONG_FILES else len(LONG_FILES) + 1
+
+
+def pytest_configure(config):
+    if XDIST_WORKER:
+        import torch
+
+        # Two workers on two cores: one intra-op thread each instead of two each competing.
+        torch.set_num_threads(1)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Groups as above: one work unit per file, the smoke-repository files together in one (xdist's own
+    `--dist loadgroup` cannot do this under pytest 9.2: it renames node ids, which no longer works)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DagScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return DAG_GROUP if _uses_smoke_repo(_file(nodeid)) else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # collection order (longest first, below), not group size
+    return DagScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not XDIST_WORKER:
+        return
+    # A test that gets the smoke repository through another fixture, in a file that never names it,
+    # would build a second one on the other worker: say so instead.
+    stray = sorted({_file(item.nodeid) for item in items
+                    if "smoke_workdir" in item.fixturenames and not _uses_smoke_repo(_file(item.nodeid))})
+    if stray:
+        raise pytest.UsageError(f"{stray} use smoke_workdir without naming it; name it there (e.g. in a "
+                                "docstring) so tests/conftest.py schedules them with the smoke DAG")
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: file order kept within a rank
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,13 @@
-"""Helpers shared by the end-to-end tests: subprocess wrappers for Snakemake, DVC and git, and the
-session's one smoke-preset repository (`smoke_repo`), a git repository of this working tree in which
-every pipeline test builds its targets, so the whole smoke DAG is built once per test session.
+"""Helpers shared by the end-to-end tests: subprocess wrappers for Snakemake, DVC and git, the
+session's one smoke-preset repository (`make_smoke_repo`, fixture `smoke_workdir` in conftest.py), a git
+repository of this working tree in which every smoke pipeline test builds its targets, so the whole
+smoke DAG is built once per test session, and the rehearsal's repository (`make_rehearsal_repo`).
+Tests import from here, never from conftest.py.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -42,6 +45,22 @@ def snakemake(cwd: Path, *args: str, env=None, check=True, timeout: int = 900) -
     return run([sys.executable, "-m", "snakemake", *args], cwd, env=env, timeout=timeout, check=check)
 
 
+def run_snakemake(cwd: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`snakemake ARGS` in `cwd`; returns the CompletedProcess without checking its exit status."""
+    return snakemake(cwd, *args, check=False, timeout=timeout)
+
+
+@functools.lru_cache(maxsize=None)
+def dry_run_all(scale: str) -> str:
+    """stdout of `snakemake -n -p --nolock --forceall all` at `scale` in this checkout: every job of the
+    preset's DAG with its shell command, whatever the checkout built. Run once per session and scale
+    (test_pipeline_data.py and test_tokenizer_routing.py read the same dry runs)."""
+    proc = snakemake(ROOT, "-n", "-p", "--nolock", "--forceall", "all", "--config", f"scale={scale}",
+                     check=False, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def dvc(cwd: Path, *args: str, env=None, check=True) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "dvc", *args], cwd, env=env, check=check)
 
@@ -51,9 +70,14 @@ def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                 "-c", "commit.gpgsign=false", *args], cwd)
 
 
+# Time limit of one DAG build: a guard against a hang, not a budget (two xdist workers building two DAGs
+# on two cores, on a machine others also use, take several times a lone build's time).
+BUILD_TIMEOUT = 2700
+
+
 def build(work: Path, *targets: str, cores: int = 2) -> None:
     """Build smoke targets in `work`; fail the test with the tail of Snakemake's output."""
-    snakemake(work, *targets, "--config", f"scale={SCALE}", "--cores", str(cores))
+    snakemake(work, *targets, "--config", f"scale={SCALE}", "--cores", str(cores), timeout=BUILD_TIMEOUT)
 
 
 def copy_worktree(dst: Path) -> Path:
@@ -83,6 +107,22 @@ def make_smoke_repo(repo: Path) -> Path:
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "hybridlab working tree")
+    return repo
+
+
+def make_rehearsal_repo(repo: Path, timeout: int = BUILD_TIMEOUT) -> Path:
+    """A repository of this working tree with `snakemake all --config scale=rehearsal` built, as
+    `make rehearsal` does it: the smoke corpus (the one smoke job the rehearsal needs), then the local
+    hub copies and random hub-architecture models under cache/rehearsal, then the rehearsal DAG.
+
+    Its own repository, not the session's smoke one, so that under pytest-xdist it builds on one worker
+    while the smoke DAG builds on the other; the price is the smoke corpus job run a second time.
+    """
+    make_smoke_repo(repo)
+    build(repo, "results/data/smoke/corpus/parallel.parquet")
+    run([sys.executable, "workflow_scripts/make_rehearsal_inputs.py", "--corpus", "results/data/smoke/corpus",
+         "--out", "cache/rehearsal"], repo)
+    snakemake(repo, "all", "--config", "scale=rehearsal", "--cores", "2", timeout=timeout)
     return repo
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from conftest import build, run_snakemake
+from smoke import build, run_snakemake
 from hybridlab.config import config_hash, resolve
 from hybridlab.plots.figures import CAPTIONS, FIGURES, TABLES
 

@@ -7,7 +7,7 @@ import sys
 import polars as pl
 import pytest
 import torch
-from conftest import ROOT, build
+from smoke import ROOT, build
 
 from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states

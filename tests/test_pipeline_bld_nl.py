@@ -5,7 +5,7 @@ import json
 import polars as pl
 import pytest
 import torch
-from conftest import build
+from smoke import build
 
 ARMS = [f"{m}-{v}" for m in ("kda", "gdn", "gla") for v in ("baseline", "bld")]
 

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 import torch
 import yaml
-from conftest import build, run_snakemake
+from smoke import build, run_snakemake
 
 from hybridlab.config import resolve
 from hybridlab.train.bld import windows_to_steps

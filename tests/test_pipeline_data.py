@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import ROOT, run_snakemake
+from smoke import ROOT, dry_run_all, run_snakemake
 import torch
 
 PHASE_RULES = {
@@ -43,9 +43,7 @@ def dry_run():
 
     def counts(scale):
         if scale not in done:
-            proc = _snakemake(ROOT, "-n", "--forceall", "all", "--config", f"scale={scale}")
-            assert proc.returncode == 0, proc.stderr[-2000:]
-            done[scale] = _job_counts(proc.stdout)
+            done[scale] = _job_counts(dry_run_all(scale))
         return done[scale]
     return counts
 

@@ -6,7 +6,7 @@ import math
 import polars as pl
 import pytest
 import torch
-from conftest import build, run_snakemake
+from smoke import build, run_snakemake
 from safetensors.torch import load_file
 
 PLACEMENTS = ["endpoint_spread", "interleaved_sandwich", "reverse_periodic", "sandwich", "standard_periodic"]

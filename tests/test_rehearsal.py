@@ -1,31 +1,26 @@
 """The rehearsal preset end to end: the paper preset's code paths on CPU at miniature size.
 
-In the session's smoke repository (whose data phase gives the offline corpus): build the local hub
-copies and random hub-architecture models, run `snakemake all --config scale=rehearsal`, and check
-what only the paper path produces: hub-loader data, two teachers with their own tokenizers, 2-process
-FSDP2 training with DCP shards, the published-pair analyses, and lm-eval on the local task.
+In its own repository (tests/smoke.py, `make_rehearsal_repo`): the smoke corpus, the local hub
+copies and random hub-architecture models, then `snakemake all --config scale=rehearsal`, as `make
+rehearsal` does; the tests check what only the paper path produces: hub-loader data, two teachers with
+their own tokenizers, 2-process FSDP2 training with DCP shards, the published-pair analyses, and
+lm-eval on the local task.
 """
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import polars as pl
 import pytest
 
-from conftest import run_snakemake
+from smoke import make_rehearsal_repo
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def rehearsal(smoke_workdir):
-    work = smoke_workdir
-    corpus = work / "results" / "data" / "smoke" / "corpus"
-    subprocess.run([sys.executable, "workflow_scripts/make_rehearsal_inputs.py", "--corpus", str(corpus),
-                    "--out", "cache/rehearsal"], cwd=work, check=True, capture_output=True, text=True)
-    proc = run_snakemake(work, "all", "--config", "scale=rehearsal", "--cores", "2", timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work
+def rehearsal(tmp_path_factory):
+    return make_rehearsal_repo(tmp_path_factory.mktemp("rehearsal"))
 
 
 def test_each_teacher_trains_on_its_own_tokens(rehearsal):

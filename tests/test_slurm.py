@@ -1,4 +1,4 @@
-"""The smoke targets through a real single-node SLURM (tests/slurm/start.sh) with the project's SLURM
+"""Smoke jobs through a real single-node SLURM (tests/slurm/start.sh) with the project's SLURM
 profile: every job goes through sbatch, and the outputs equal those of a local build.
 
 Skipped, with start.sh's reason, where that cluster cannot run (not root, no apt-get, no package
@@ -8,6 +8,7 @@ registry). Daemons this session started are stopped at its end.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -19,10 +20,18 @@ from hybridlab import cache
 
 from smoke import ROOT, SCALE, built_repo, file_hashes, git, pipeline_env, snakemake
 
-# What runs on SLURM: the data phase and teacher pre-training (every job kind of the DAG's first two
-# phases; the whole DAG through sbatch would double this test's time on 2 cores).
-TARGETS = ["data", "results/models/smoke/teachers/teacher/model.safetensors"]
-PHASES_BUILT = cache.phases_for(TARGETS)
+# What runs on SLURM: two jobs, a CPU data script (Spaced Retrieval, no inputs) and a torch training
+# job (teacher pre-training). The teacher's inputs (corpus, tokenizer, mixtures) are copied from the
+# local build into the clone, mtimes kept, so Snakemake schedules exactly these two jobs: every job
+# goes through the same sbatch/srun path, so more job kinds add time (about 20 s of SLURM and Snakemake
+# start-up each on 2 cores), not coverage.
+TARGETS = ["results/data/smoke/spaced_retrieval/train.parquet",
+           "results/models/smoke/teachers/teacher/model.safetensors"]
+SLURM_JOBS = {"spaced_retrieval": 1, "teacher": 1}
+# Local outputs copied into the clone: the data phase but what spaced_retrieval writes.
+COPIED = ("corpus", "tokenizer", "mixture")
+# What the SLURM jobs write (compared file by file with the local build).
+SLURM_OUTPUTS = ("data/smoke/spaced_retrieval", "models/smoke/teachers/teacher")
 # Run logs and timings differ between any two runs; everything else must match byte for byte,
 # except wall-clock columns of metrics tables.
 VOLATILE_DIRS = ("logs", "benchmarks")
@@ -80,6 +89,9 @@ def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster,
     # A clone of the locally built commit: same files, same git commit in the provenance records.
     work = tmp_path_factory.mktemp("slurm-run") / "repo"
     git(local.parent, "clone", "-q", str(local), str(work))
+    for name in COPIED:
+        shutil.copytree(local / "results/data" / SCALE / name, work / "results/data" / SCALE / name,
+                        symlinks=True)  # copy2: mtimes kept, so Snakemake sees them up to date
     env = pipeline_env(SLURM_CONF=slurm_cluster["SLURM_CONF"],
                        # The profile reads the partition from the environment.
                        SNAKEMAKE_SLURM_PARTITION=slurm_cluster["SLURM_PARTITION"])
@@ -89,6 +101,7 @@ def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster,
     expected = cache.parse_job_stats(dry.stdout + dry.stderr)
     # Phase targets only collect inputs: Snakemake runs them itself, not through sbatch.
     expected = {rule: n for rule, n in expected.items() if rule not in cache.PHASES and rule != "all"}
+    assert expected == SLURM_JOBS, f"the copied inputs should leave exactly {SLURM_JOBS}: {dry.stdout[-3000:]}"
 
     # 2 cores here: every job asks for 1 CPU and little memory instead of the profile's cluster sizes.
     small = [f"{r}:{k}={v}" for r in _rule_names(work, env)
@@ -114,14 +127,13 @@ def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster,
     assert set(slurm_logs) == set(jobs)
     assert Counter(rule.removeprefix("rule_") for rule in slurm_logs.values()) == Counter(expected)
 
-    # Same outputs as the local build.
-    for phase in PHASES_BUILT:
-        ours = file_hashes(work / "results" / phase / SCALE, VOLATILE_DIRS)
-        # The local repository is shared by every end-to-end test and may hold more of the DAG.
-        theirs = file_hashes(local / "results" / phase / SCALE, VOLATILE_DIRS)
-        assert ours and set(ours) <= set(theirs), f"{phase}: files only in the SLURM build {set(ours) - set(theirs)}"
+    # Same outputs as the local build, for what the SLURM jobs wrote.
+    for out in SLURM_OUTPUTS:
+        ours = file_hashes(work / "results" / out, VOLATILE_DIRS)
+        theirs = file_hashes(local / "results" / out, VOLATILE_DIRS)
+        assert ours and set(ours) == set(theirs), f"{out}: files in one build only {set(ours) ^ set(theirs)}"
         differ = [rel for rel in ours if ours[rel] != theirs[rel]]
-        rel_root = Path("results") / phase / SCALE
+        rel_root = Path("results") / out
         for rel in differ:
             a, b = work / rel_root / rel, local / rel_root / rel
             same = (_same_table(a, b) if rel.endswith(".parquet")

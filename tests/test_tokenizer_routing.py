@@ -4,8 +4,6 @@ each model's own tokenizer). The smoke DAG keeps its shape: one BPE, two mixture
 
 import copy
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,8 @@ import pytest
 from hybridlab.config import load, resolve
 from hybridlab.data.tokenizer import tokenizer_plan
 from hybridlab.errors import HybridlabError
+
+from smoke import dry_run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN, GRANITE = "Qwen--Qwen3-4B", "ibm-granite--granite-4.1-3b"
@@ -64,11 +64,8 @@ def test_plan_errors():
 def _dry_run(scale):
     """{rule: [shell command, ...]} of `snakemake -n -p --forceall all` at `scale` (no network, nothing built;
     --forceall: every job, whatever this checkout already built)."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--nolock", "--forceall", "all", "--config",
-                           f"scale={scale}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     jobs: dict[str, list[str]] = {}
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", proc.stdout):
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_all(scale)):
         m = re.match(r"(?:local)?rule (\w+):", block)
         if m:
             jobs.setdefault(m.group(1), []).append(block)
