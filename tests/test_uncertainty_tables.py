@@ -112,6 +112,12 @@ def test_retrieval_score_table_seed_interval():
     half = T975_1 * math.sqrt(0.005) / math.sqrt(2)  # seeds 0.8, 0.9: sd sqrt(0.005)
     assert b0["score"] == pytest.approx(0.85) and b0["n_seeds"] == 2
     assert (b0["score_lo"], b0["score_hi"]) == pytest.approx((0.85 - half, 0.85 + half))
+    # an undefined gap (NaN: the model does not tell A from B there) is left out of the mean over gaps
+    s = _score()
+    s = s.with_columns(score=pl.when((pl.col("seed") == 1) & (pl.col("gap") == 8) & (pl.col("arm") == "baseline"))
+                       .then(float("nan")).otherwise(pl.col("score")))
+    b0 = U.retrieval_score_table(s).filter((pl.col("arm") == "baseline") & (pl.col("layer") == 0)).row(0, named=True)
+    assert b0["score"] == pytest.approx(0.85) and b0["n_seeds"] == 2
 
 
 def _nl_runs(diffs=(-0.2, -0.19, -0.21)):

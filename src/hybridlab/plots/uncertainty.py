@@ -275,10 +275,13 @@ def tokens_to_target_table(runs: pl.DataFrame, baseline: str = "standard_periodi
 
 
 def final_retrieval_scores(score: pl.DataFrame) -> pl.DataFrame:
-    """Per (arm, seed, layer): the retrieval score at the arm's last scored checkpoint, mean over gaps."""
+    """Per (arm, seed, layer): the retrieval score at the arm's last scored checkpoint, mean over the gaps
+    where it is defined (a gap whose A/B margin is below `min_denominator` has a NaN score and is left out;
+    a layer with no defined gap gets no row)."""
     df = score if "seed" in score.columns else score.with_columns(seed=pl.lit(None, pl.Int64))
     last = df.group_by(["arm", "seed"]).agg(last=pl.col("fraction").max())
     return (df.join(last, on=["arm", "seed"], nulls_equal=True).filter(pl.col("fraction") == pl.col("last"))
+            .filter(pl.col("score").is_not_nan() & pl.col("score").is_not_null())
             .group_by(["arm", "seed", "layer", "layer_type"]).agg(score=pl.col("score").mean()))
 
 
