@@ -690,32 +690,32 @@ CAPTIONS = {
                       "decoder layer, for the dense teacher and each converted hybrid.",
     "fig_softcka_pairs": "SoftCKA between English and each language's parallel sentences, per layer (hidden "
                          "states; layer 0 = embeddings). Solid = hybrid, dashed = its dense partner; the "
-                         "hybrid's FA layers are shaded. Higher = more cross-lingual alignment.",
+                         "hybrid's FA layers are shaded. Higher = more cross-lingual alignment. Bands: 95 % bootstrap over sentences.",
     "fig_softcka_attn_delta": "SoftCKA of each mixer / attention block's residual contribution (attn_delta), "
-                              "English vs each language, per decoder layer; hybrid FA layers shaded.",
+                              "English vs each language, per decoder layer; hybrid FA layers shaded. Bands: 95 % bootstrap over sentences.",
     "fig_recency": "Attention recency of the full-attention layers, hybrid vs dense: mean attention distance "
                    "per FA layer (top) and attention mass on the last w tokens vs w (bottom).",
     "fig_fertility": "Tokenizer fertility: tokens per sentence relative to English on the parallel set, per "
-                     "language and tokenizer.",
+                     "language and tokenizer. Error bars: 95 % bootstrap over sentence pairs.",
     "fig_niah": "Multilingual needle-in-a-haystack: accuracy (mean over the OneRULER-style tasks) and seconds "
-                "per example vs context length (in the model's tokens), hybrid vs dense; OOM cells marked.",
+                "per example vs context length (in the model's tokens), hybrid vs dense; OOM cells marked. Error bars: 95 % Wilson intervals over each cell's examples.",
     "fig_distill_curves": "Distillation stage 2: held-out cross-entropy and KL(teacher || student) vs "
-                          "training tokens, one line per full-attention placement.",
+                          "training tokens, one line per full-attention placement. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_tokens_to_baseline": "Tokens each placement needs to reach the standard-periodic arm's final loss, "
-                              "as a fraction of the standard-periodic arm's tokens (lower = faster).",
+                              "as a fraction of the standard-periodic arm's tokens (lower = faster). Bars: mean over seeds; error bars: 95 % t-interval across seeds.",
     "fig_sr_accuracy": "Spaced Retrieval: validation answer accuracy vs step per gap, one line per BLD arm "
-                       "(baseline, freezes of the recurrent layers, long-gap sweep).",
+                       "(baseline, freezes of the recurrent layers, long-gap sweep). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_sr_grad_norms": "Spaced Retrieval: gradient norm of attention and recurrent layers vs step, per arm "
-                         "(frozen steps are not drawn).",
+                         "(frozen steps are not drawn). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_sr_longgap": "Spaced Retrieval long-gap sweep: final validation accuracy per gap vs the fraction of "
-                      "long-gap examples in training.",
+                      "long-gap examples in training. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_retrieval_score": "Layer Retrieval Ability Score by activation patching, per layer, over training "
-                           "(baseline vs arms that freeze the recurrent layers early).",
+                           "(baseline vs arms that freeze the recurrent layers early). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_bld_nl_loss": "BLD on natural language: training loss and held-out CE vs tokens; colour = mixer, "
-                       "solid = BLD (recurrent layers frozen early), dashed = baseline.",
+                       "solid = BLD (recurrent layers frozen early), dashed = baseline. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_position_loss": "Mean loss by token-position bucket on long documents, BLD vs baseline per mixer.",
     "fig_retrieval_heads": "Retrieval heads (DuoAttention-style gates): alpha per KV head of the attention "
-                           "layers (left) and passkey accuracy as heads are masked, lowest alpha first (right).",
+                           "layers (left) and passkey accuracy as heads are masked, lowest alpha first (right). Error bars: 95 % Wilson intervals over the passkey examples.",
     "table_perplexity": "Per-language perplexity of the teacher and of every placement's student, the best "
                         "placement per language and its relative change vs standard periodic.",
     "table_kl_reduction": "Languages ranked by the KL reduction of their best placement vs standard periodic "
