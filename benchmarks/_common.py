@@ -13,9 +13,10 @@
     and 6 of C K V.
   * KDA forward: the per-channel scores of q and k rows against k (per row set: C^2 K for the
     off-diagonal sub-chunk blocks + c C K element-wise for the diagonal ones, c = sub-chunk size),
-    T K_bg (C^2 K), T V_b and P V_new (C^2 V each), W S, K_d^T V_new, Q_g S (C K V each). GLA: the q
-    scores (C^2 K + c C K), P V (C^2 V), Q_g S and K_d^T V (C K V each). Both use autograd, whose
-    backward is two products per forward product: forward + backward = 3 x forward.
+    T X and P V_new (C^2 V each), K_bg S, K_d^T V_new, Q_g S (C K V each), with X = V_b - K_bg S
+    (W = T K_bg is never formed). GLA: the q scores (C^2 K + c C K), P V (C^2 V), Q_g S and K_d^T V
+    (C K V each). Their hand-written backward (ops/common.py) does two products per forward product:
+    forward + backward = 3 x forward.
 - `int_at_least(minimum)`: an argparse type for counts, so a bad value is a one-line usage error.
 """
 
@@ -58,7 +59,7 @@ def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> t
         return chunks * fwd, chunks * (fwd + bwd)
     if kind == "kda":
         scores = 2 * (2 * C * C * K + 2 * c * C * K)
-        fwd = scores + 2 * (C * C * K + 2 * C * C * V + 3 * C * K * V)
+        fwd = scores + 2 * (2 * C * C * V + 3 * C * K * V)
     else:
         scores = 2 * (C * C * K + c * C * K)
         fwd = scores + 2 * (C * C * V + 2 * C * K * V)

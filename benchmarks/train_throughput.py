@@ -34,7 +34,7 @@ FLOPs counted (2 per multiply-add; "useful" work only, nothing the implementatio
   n (n + 1) / 2 (query, key) pairs that are not masked, 2 x 2 x heads x head_dim FLOPs per pair forward
   (x 3 for forward + backward).
 - recurrent mixers: the matmul FLOPs of the project's chunked op (`_common.chunked_op_matmul_flops`;
-  GDN's hand-written backward, KDA's autograd backward = 2 x forward) over ceil(n / chunk) chunks per
+  every op's hand-written backward = 2 x forward) over ceil(n / chunk) chunks per
   sequence and head. Depthwise short convolutions, norms, gates' element-wise work, softmax, the
   triangular inverses and the optimiser are not counted.
 - `student`: the student's forward + backward plus the frozen teacher's forward (2 N + attention, the
