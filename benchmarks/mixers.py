@@ -59,6 +59,7 @@ TARGETS = {  # minimum fwd+bwd speed-ups asked of the hybridlab ops
     ("kda", "fla_naive_chunk"): 3.0,
     ("gla", "fla_naive_recurrent"): 3.0,
 }
+SHARE_TARGETS = {"gdn": 0.40, "kda": 0.30, "gla": 0.30}  # minimum fwd+bwd share of matmul throughput (issue 16)
 
 
 def transformers_fallback():
@@ -185,6 +186,10 @@ def main() -> None:
     for (kind, other), target in TARGETS.items():
         if kind in report:
             met[f"{kind}_fwdbwd_vs_{other}>={target:g}x"] = report[kind][f"speedup_fwdbwd_vs_{other}"] >= target
+    for kind, share in SHARE_TARGETS.items():
+        if kind in report:
+            met[f"{kind}_fwdbwd_share_of_matmul>={share:g}"] = (
+                report[kind]["hybridlab_fwdbwd_fraction_of_matmul_peak"] >= share)
     report["targets_met"] = met
     print("\ntargets:", ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in met.items()))
     print(json.dumps(report, sort_keys=True))

@@ -19,7 +19,15 @@ overflowing (the naive factorisation ``exp(b_i) * exp(-b_j)`` overflows once ``-
 fla's kernels: the chunk is split into ``S`` sub-chunks of ``c`` tokens; a block of rows in sub-chunk
 ``s`` against all earlier columns factorises through the reference position ``r = s*c`` as
 ``(x_i exp(b_i - b_r)) . (k_j exp(b_r - b_j))`` (both factors <= 1, one batched matmul), and only the
-``c x c`` diagonal blocks are formed element-wise.
+``c x c`` diagonal blocks are formed element-wise. ``exp(b_r - b_j)`` for ``j`` in an earlier sub-chunk
+``t`` is the product ``exp(b_r - b_e) exp(b_e - b_j)`` through ``t``'s last token ``e`` (both <= 1), so the
+``[S, C, K]`` key factors cost multiplications, not exponentials.
+
+:func:`chunk_per_channel` is the CPU op of GLA and KDA: a ``torch.autograd.Function`` whose forward
+scans the chunks one at a time (each chunk's score factors, scores and products stay in cache, in
+scratch buffers reused from chunk to chunk) and whose hand-written backward is the same scan in
+reverse; the gradients of the scores are GEMMs over the same decay-scaled rows and keys, and the
+log-decay gradient follows from ``db = x . dx - k . dk`` without products of its own.
 """
 
 from __future__ import annotations
@@ -143,7 +151,8 @@ def pairwise_decay(b_NZC: Tensor) -> Tensor:
     """``D[i, j] = exp(b_i - b_j)`` for ``j <= i`` and 0 above the diagonal, without overflow."""
     C = b_NZC.shape[-1]
     diff = b_NZC[..., :, None] - b_NZC[..., None, :]
-    return diff.masked_fill_(~lower_mask(C, b_NZC.device), float("-inf")).exp_()
+    # clamp, exp, then zero the upper triangle: exp(-inf) is the slow path of the vectorised exp
+    return diff.clamp_max_(0.0).exp_().mul_(lower_mask(C, b_NZC.device).to(diff.dtype))
 
 
 def unit_lower_inverse(L: Tensor, base: int = 16) -> Tensor:
@@ -321,8 +330,8 @@ def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> li
 
     ``rows`` and ``k_NZCK`` are ``[..., C, K]`` (any leading dims), ``b_NZCK`` the within-chunk
     cumulative log-decay. Returns ``[..., C, C]`` matrices (lower triangle including the diagonal).
-    Not differentiable by autograd's own means where it matters: the ops use :func:`_scores` and
-    :func:`_scores_backward` inside their hand-written backward.
+    Not differentiable by autograd (it writes into scratch buffers): the ops differentiate it by hand
+    (:func:`_scores_backward`).
     """
     lead, (C, K) = k_NZCK.shape[:-2], k_NZCK.shape[-2:]
     flat = [x.reshape(-1, C, K) for x in rows]

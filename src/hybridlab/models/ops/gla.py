@@ -9,9 +9,10 @@ Chunked form with ``b = cumsum(g)`` per channel inside a chunk and state ``S`` a
     P_ij = sum_d q_id k_jd exp(b_id - b_jd)   (i >= j)
     O = (exp(b) * Q) S + P V,     S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V
 
-``P`` comes from :func:`~hybridlab.models.ops.common.per_channel_scores` (secondary chunking, only
-decays ``<= 1`` are exponentiated). The chunk updates ``(exp(b_C - b) * K)^T V`` are one batched
-matmul; the loop over chunks is an element-wise scan. Autograd differentiates the batched graph.
+``P`` comes from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
+(secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
+:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with KDA): one scan over chunks with a
+hand-written backward.
 
 CUDA tensors go to fla's ``chunk_gla`` / ``fused_recurrent_gla``; CPU tensors never touch Triton.
 """

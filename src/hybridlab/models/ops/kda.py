@@ -13,9 +13,11 @@ it matches fla's ``naive_chunk_kda``):
     W = T diag(beta) (exp(b) * K),   U = T diag(beta) V,   V_new = U - W S
     O = (exp(b) * Q) S + P V_new,    S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V_new
 
-``A`` and ``P`` come from :func:`~hybridlab.models.ops.common.per_channel_scores` (secondary
-chunking, only decays ``<= 1`` are exponentiated). The state recurrence is the only loop (over
-chunks); autograd differentiates the batched PyTorch graph.
+``A`` and ``P`` come from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
+(secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
+:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with GLA): one scan over chunks that
+reads fla's layout chunk by chunk, forms ``V_new = T (diag(beta) V - K_bg S)`` without ``W``, and has a
+hand-written backward (the scan in reverse).
 
 CUDA tensors go to fla's ``chunk_kda`` / ``fused_recurrent_kda``; CPU tensors never touch Triton.
 """
