@@ -33,9 +33,11 @@ def analysis(smoke_workdir):
 def test_softcka_table_matches_a_direct_computation(analysis):
     work = analysis
     t = pl.read_parquet(work / "results/eval/smoke/softcka.parquet")
-    assert t.columns == ["model", "pair", "role", "kind", "layer", "layer_type", "lang", "cka", "cka_debiased",
-                         "alignment", "alignment_method", "alignment_gram_rows", "n_sentences", "method", "sigma_eng",
-                         "sigma_x", "sigma_pair", "sigma_convention"]
+    assert t.columns == ["model", "pair", "role", "kind", "layer", "layer_type", "lang", "cka", "cka_lo", "cka_hi",
+                         "cka_debiased", "alignment", "alignment_lo", "alignment_hi", "alignment_method",
+                         "alignment_gram_rows", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
+                         "sigma_convention"]
+    assert (t["cka_lo"] <= t["cka_hi"]).all() and t["cka_lo"].is_not_nan().all()  # smoke: softcka.n_boot 100
     params = _params(work, "softcka")
     cfg = params["softcka"]
     langs = cfg["languages"]
@@ -127,7 +129,7 @@ def test_fertility_table_matches_token_counts(analysis):
     work = analysis
     t = pl.read_parquet(work / "results/eval/smoke/fertility.parquet")
     assert t.columns == ["tokenizer", "lang", "n_sentences", "tokens_per_sentence", "relative_to_english",
-                         "mean_sentence_ratio"]
+                         "mean_sentence_ratio", "relative_to_english_lo", "relative_to_english_hi"]
     assert set(t["tokenizer"]) == {"project", "utf8_bytes"}
     eng = t.filter(pl.col("lang") == "eng_Latn")
     assert (eng["relative_to_english"] == 1.0).all()

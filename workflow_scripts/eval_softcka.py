@@ -112,9 +112,9 @@ def main() -> None:
                     for key in pairs.pair_rows(m):
                         rows.append(key | {"kind": kind, "layer": layer, "layer_type": ltype, "lang": lang,
                                            "cka": res.cka, "cka_lo": res.cka_lo, "cka_hi": res.cka_hi,
-                                           "cka_debiased": res.cka_debiased,
+                                           "cka_debiased": res.cka_debiased, "alignment": res.alignment,
                                            "alignment_lo": res.alignment_lo, "alignment_hi": res.alignment_hi,
-                                           "alignment": res.alignment, "alignment_method": res.alignment_method,
+                                           "alignment_method": res.alignment_method,
                                            "alignment_gram_rows": res.alignment_gram_rows,
                                            "n_sentences": res.n_sentences, "method": res.method,
                                            "sigma_eng": res.sigma_eng, "sigma_x": res.sigma_x,
