@@ -157,6 +157,10 @@ def test_niah_summary_agrees_with_its_examples(analysis):
     cfg = _params(work, "niah")["niah"]
     assert summary.columns[:8] == ["model", "pair", "role", "lang", "task", "context_tokens", "n", "accuracy"]
     assert {"seconds", "peak_memory_bytes", "oom", "oom_rate", "mean_prompt_tokens"} <= set(summary.columns)
+    # smoke: the project's English templates, no chat template (its BPE tokenizer has none), no RoPE scaling
+    assert summary.columns[-3:] == ["prompts", "chat_template", "yarn_factor"]
+    assert (summary["prompts"] == "project").all() and not summary["chat_template"].any()
+    assert summary["yarn_factor"].null_count() == summary.height
     n_cells = len(cfg["languages"]) * len(cfg["tasks"]) * len(cfg["context_tokens"])
     assert summary.filter(pl.col("model") == "teacher").height == n_cells * len(PLACEMENTS)
     assert set(summary["model"]) == MODELS and (summary["n"] == cfg["examples_per_cell"]).all()

@@ -107,7 +107,8 @@ def test_train_bld_sr_resumes_after_a_kill_bitwise(smoke_workdir, tmp_path):
         return proc.stdout
 
     run(params, tmp_path / "a")
-    ckpts = sorted((tmp_path / "work" / "checkpoints").iterdir())
+    (keyed,) = list((tmp_path / "work").iterdir())  # work/<fingerprint of params + data> (hybridlab.train.run)
+    ckpts = sorted((keyed / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == ["step_000000006", "step_000000012"]
     shutil.rmtree(ckpts[-1])  # as if killed after the step-6 checkpoint
     run(params, tmp_path / "b")
@@ -119,6 +120,8 @@ def test_train_bld_sr_resumes_after_a_kill_bitwise(smoke_workdir, tmp_path):
 
     # Another arm in the same work directory is a different run: it starts over instead of resuming.
     other = {**params, "arm": {**params["arm"], "name": "baseline", "windows": []}}
-    assert "starting over" in run(other, tmp_path / "c")
+    log = run(other, tmp_path / "c")
+    assert "removing the work directory of other settings" in log and "resuming" not in log
+    assert [d.name for d in (tmp_path / "work").iterdir()] != [keyed.name]
     mc = pl.read_parquet(tmp_path / "c" / "metrics.parquet")
     assert min(mc["grad_norm/kda"].to_list()) > 0

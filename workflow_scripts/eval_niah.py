@@ -99,14 +99,16 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f}s")
 
     examples = pl.concat(tables).sort("model", "pair", "lang", "task", "target_tokens", "depth")
-    summary = (examples.group_by("model", "pair", "role", "prompts", "chat_template", "yarn_factor", "lang", "task",
-                                 "target_tokens")
+    summary = (examples.group_by("model", "pair", "role", "lang", "task", "target_tokens", "prompts", "chat_template",
+                                 "yarn_factor")
                .agg(pl.len().alias("n"), pl.col("correct").mean().alias("accuracy"),
                     pl.col("score").mean(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),
                     pl.col("seconds").mean(), pl.col("peak_memory_bytes").max(), pl.col("memory_kind").first(),
                     pl.col("oom").any(), pl.col("oom").mean().alias("oom_rate"))
                .rename({"target_tokens": "context_tokens"})
                .sort("model", "pair", "lang", "task", "context_tokens"))
+    settings_cols = ["prompts", "chat_template", "yarn_factor"]  # after the measurements (table schema order)
+    summary = summary.select([c for c in summary.columns if c not in settings_cols] + settings_cols)
     pairs.write_table(examples, args.examples)
     pairs.write_table(summary, args.out)
     print(summary.group_by("model", "context_tokens").agg(pl.col("accuracy").mean(), pl.col("seconds").mean())
