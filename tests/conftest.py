@@ -47,6 +47,7 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(optionalhook=True)  # a plain `pytest` without pytest-xdist must still load this file
 def pytest_xdist_make_scheduler(config, log):
     """Groups as above: one work unit per file, the smoke-repository files together in one (xdist's own
     `--dist loadgroup` cannot do this under pytest 9.2: it renames node ids, which no longer works)."""
