@@ -2,7 +2,6 @@
 
 import functools
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -80,8 +79,7 @@ def smoke_workdir(tmp_path_factory):
     smoke`) with the data phase built. Every end-to-end test builds its targets here, so each job of the
     smoke DAG runs once per session; tests that change files work on a copy or a clone."""
     work = make_smoke_repo(tmp_path_factory.mktemp("smoke"))
-    t0 = time.time()
+    # No timing assert here (it would flake on a loaded machine); the phase's jobs' times are in its
+    # benchmark files and docs/performance.md tracks the suite's time.
     build(work, "data")
-    elapsed = time.time() - t0
-    assert elapsed < 180, f"smoke data phase took {elapsed:.0f}s (budget 180s)"
     return work
