@@ -89,7 +89,6 @@ def gpus(job, at_least=1):
 
 CPU_ENV = "../envs/cpu.yaml"
 CUDA_ENV = "../envs/cuda.yaml" if ON_GPU else "../envs/cpu.yaml"
-NOT_READY = f"{PY} workflow_scripts/not_ready.py"
 
 
 def launcher(n_gpu, at_least=1):
