@@ -119,4 +119,6 @@ def test_smoke_dag_keeps_its_shape():
     assert sorted(_arg(b, "--out") for b in jobs["mixture"]) == ["results/data/smoke/mixture/bpe/english",
                                                                  "results/data/smoke/mixture/bpe/multilingual"]
     counts = {rule: len(v) for rule, v in jobs.items()}
-    assert sum(counts.values()) == 63
+    # 9 tables: the 4 original, placement_tests, tokens_to_target, retrieval_score, sr_accuracy and findings
+    assert counts["table"] == 9 and counts["figure"] == 15
+    assert sum(counts.values()) == 68
