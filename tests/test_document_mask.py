@@ -35,14 +35,14 @@ def _op_inputs(kind, T=37, H=2, K=8, V=6, seed=0):
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
+    def u(*shape):
+        return torch.rand(*shape, generator=g, dtype=torch.float64)
+
     q, k, v = r(1, T, H, K), r(1, T, H, K), r(1, T, H, V)
     if kind == "gdn":
-        return (q, k, v, -torch.rand(1, T, H, generator=g, dtype=torch.float64), torch.rand(1, T, H, generator=g,
-                                                                                           dtype=torch.float64))
-    gk = -torch.rand(1, T, H, K, generator=g, dtype=torch.float64)
-    if kind == "kda":
-        return q, k, v, gk, torch.rand(1, T, H, generator=g, dtype=torch.float64)
-    return q, k, v, gk
+        return q, k, v, -u(1, T, H), u(1, T, H)
+    gk = -u(1, T, H, K)
+    return (q, k, v, gk, u(1, T, H)) if kind == "kda" else (q, k, v, gk)
 
 
 OPS = {

@@ -87,13 +87,19 @@ def test_fused_recurrent_decode_step_matches_cpu(kind):
     torch.testing.assert_close(got[1].cpu(), ref[1], **TOL)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_mixer_on_cuda_matches_cpu(kind):
+def _mixer_pair(kind):
+    """The same freshly initialised mixer on CPU and on CUDA."""
     torch.manual_seed(0)
     cfg = MixerConfig(kind=kind, hidden_size=128, num_heads=2, head_k_dim=64, head_v_dim=64)
     m_cpu = build_mixer(cfg, 0)
     m_gpu = build_mixer(cfg, 0).cuda()
     m_gpu.load_state_dict(m_cpu.state_dict())
+    return m_cpu, m_gpu
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixer_on_cuda_matches_cpu(kind):
+    m_cpu, m_gpu = _mixer_pair(kind)
     x = torch.randn(2, 80, 128)
     mask = torch.ones(2, 80)
     mask[1, :7] = 0
@@ -141,11 +147,7 @@ def test_varlen_cu_seqlens_match_cpu_forward_and_backward(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mixer_documents_on_cuda_match_cpu(kind):
-    torch.manual_seed(0)
-    cfg = MixerConfig(kind=kind, hidden_size=128, num_heads=2, head_k_dim=64, head_v_dim=64)
-    m_cpu = build_mixer(cfg, 0)
-    m_gpu = build_mixer(cfg, 0).cuda()
-    m_gpu.load_state_dict(m_cpu.state_dict())
+    m_cpu, m_gpu = _mixer_pair(kind)
     x = torch.randn(2, 80, 128)
     docs = torch.tensor([[0] * 30 + [1] * 50, [0] * 3 + [1] * 60 + [2] * 17])
     y_cpu, _ = m_cpu(x, document_ids_BT=docs)

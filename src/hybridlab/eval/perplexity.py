@@ -53,21 +53,24 @@ def token_kl(teacher_logits_BTV: torch.Tensor, student_logits_BTV: torch.Tensor)
     return (logp_t.exp() * (logp_t - logp_s)).sum(-1)
 
 
-def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, ids_BT: torch.Tensor, chunk_tokens: int,
+def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, batch, chunk_tokens: int,
                     vocab_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it."""
+    """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it.
+
+    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents``."""
     from hybridlab.data.packing import split_batch
     from hybridlab.train.losses import token_kl_chunked, token_nll_chunked
     from hybridlab.train.tasks import logits_side, next_token_labels
 
     # Every position is scored (the last against a dummy target) and then dropped: no side is sliced.
-    side = logits_side(model, ids_BT, use_cache=False)
-    if isinstance(side, torch.Tensor) and side.shape[:2] != split_batch(ids_BT)[0].shape:
-        raise HybridlabError(f"logits {tuple(side.shape)} do not match input ids {tuple(split_batch(ids_BT)[0].shape)}")
-    nll_BT = token_nll_chunked(side, next_token_labels(ids_BT, ignore_index=0), chunk_tokens, vocab_chunk)
+    ids_BT = split_batch(batch)[0]
+    side = logits_side(model, batch, use_cache=False)
+    if isinstance(side, torch.Tensor) and side.shape[:2] != ids_BT.shape:
+        raise HybridlabError(f"logits {tuple(side.shape)} do not match input ids {tuple(ids_BT.shape)}")
+    nll_BT = token_nll_chunked(side, next_token_labels(batch, ignore_index=0), chunk_tokens, vocab_chunk)
     if teacher is None:
         return nll_BT[:, :-1].float(), None
-    kl_BT = token_kl_chunked(logits_side(teacher, ids_BT, use_cache=False), side, chunk_tokens, vocab_chunk)
+    kl_BT = token_kl_chunked(logits_side(teacher, batch, use_cache=False), side, chunk_tokens, vocab_chunk)
     return nll_BT[:, :-1].float(), kl_BT[:, :-1].float()
 
 

@@ -161,12 +161,12 @@ class CapturePaddingMask:
         self.context.mask_BS = None if mask is None or bool(mask.all()) else mask
         self.context.documents_BS = None
         self.context.active = True
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        embeds = kwargs.get("inputs_embeds")
-        batch = (ids if ids is not None else embeds).shape[0] if (ids is not None or embeds is not None) else None
-        docs = packed_documents(kwargs.get("position_ids"), batch) if batch is not None else None
-        if docs is not None and mask is None:
-            # transformers packs only without a 2D mask and without a cache; the mixers follow it exactly
+        # transformers packs only without a 2D mask (so decoding with a mask never pays for this check)
+        ref = kwargs.get("input_ids", args[0] if args else None)
+        ref = ref if ref is not None else kwargs.get("inputs_embeds")
+        docs = packed_documents(kwargs.get("position_ids"), ref.shape[0]) if mask is None and ref is not None else None
+        if docs is not None:
+            # nor with a cache: refuse rather than let the mixers cut where attention does not
             use_cache = kwargs.get("use_cache")
             if use_cache is None:
                 use_cache = getattr(getattr(module, "config", None), "use_cache", False)

@@ -108,13 +108,13 @@ class ShortConvolution(nn.Conv1d):
         self.weight[..., -1] = 1.0
 
     def forward(self, x_BTD: Tensor, cache_BWD: Tensor | None, mask_BT: Tensor | None,
-                docs_BT: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                docs_BT: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         B, T, D = x_BTD.shape
         W = self.kernel_size[0]
         if mask_BT is not None:
             x_BTD = x_BTD * mask_BT[..., None]
         if docs_BT is not None:
-            return F.silu(self._within_documents(x_BTD, docs_BT)), x_BTD[:, max(T - (W - 1), 0):]
+            return F.silu(self._within_documents(x_BTD, docs_BT)), None  # no decoding state across documents
         if cache_BWD is None:
             cache_BWD = x_BTD.new_zeros(B, W - 1, D)
         xin_BLD = torch.cat([cache_BWD.to(x_BTD.dtype), x_BTD], dim=1)

@@ -67,8 +67,12 @@ def check_inputs(
     per_channel_g: bool,
     chunk_size: int | None = None,
     allow_gva: bool = True,
+    cu_seqlens: Tensor | None = None,
 ) -> None:
     """Raise :class:`HybridlabError` for shape mismatches a caller can make.
+
+    With ``cu_seqlens`` (fla's variable-length form, :func:`check_cu_seqlens`) the batch is one row and
+    ``initial_state`` holds one state per sequence.
 
     With ``allow_gva`` (grouped value attention, as in fla and Qwen3.5) v may have ``HV`` heads, a
     multiple of the ``H`` q/k heads; g, beta and the state then follow the ``HV`` value heads.
@@ -89,10 +93,11 @@ def check_inputs(
         raise HybridlabError(f"{op}: g must be the {kind} {g_shape}, got {tuple(g.shape)}")
     if beta is not None and tuple(beta.shape) != (B, T, HV):
         raise HybridlabError(f"{op}: beta must be [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
-    if initial_state is not None and tuple(initial_state.shape) != (B, HV, K, v.shape[-1]):
+    states = check_cu_seqlens(op, cu_seqlens, q, initial_state) if cu_seqlens is not None else B
+    if initial_state is not None and tuple(initial_state.shape) != (states, HV, K, v.shape[-1]):
         raise HybridlabError(
-            f"{op}: initial_state must be [B, HV, K, V] = {(B, HV, K, v.shape[-1])}, got "
-            f"{tuple(initial_state.shape)}"
+            f"{op}: initial_state must be [{'N' if cu_seqlens is not None else 'B'}, HV, K, V] = "
+            f"{(states, HV, K, v.shape[-1])}, got {tuple(initial_state.shape)}"
         )
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise HybridlabError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")

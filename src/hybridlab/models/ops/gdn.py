@@ -50,7 +50,6 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
-    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     expand_gva,
@@ -314,15 +313,10 @@ def chunk_gated_delta_rule(
     ``HV`` heads (a multiple of H; grouped value attention): g, beta, o and the state then have HV.
     The result does not depend on ``chunk_size`` (a tiling parameter); on CUDA it is passed to fla
     when fla accepts it (16/32/64), otherwise fla's default tile is used.
-    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
-    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
-    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
-    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
+    ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
     varlen = cu_seqlens is not None
-    check_inputs("chunk_gated_delta_rule", q, k, v, g, beta, None if varlen else initial_state, False, chunk_size)
-    if varlen:
-        check_cu_seqlens("chunk_gated_delta_rule", cu_seqlens, q, initial_state)
+    check_inputs("chunk_gated_delta_rule", q, k, v, g, beta, initial_state, False, chunk_size, cu_seqlens=cu_seqlens)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
         extra = {"chunk_size": chunk_size} if chunk_size in FLA_GDN_CHUNK_SIZES else {}

@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
-    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     fla_op,
@@ -87,15 +86,11 @@ def chunk_gla(
 
     ``g`` is the per-channel log-decay ``[B, T, H, K]``. The result does not depend on ``chunk_size``;
     fla's ``chunk_gla`` has a fixed tile, so on CUDA ``chunk_size`` is not forwarded.
-    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
-    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
-    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
-    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
+    ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
     varlen = cu_seqlens is not None
-    check_inputs("chunk_gla", q, k, v, g, None, None if varlen else initial_state, True, chunk_size, allow_gva=False)
-    if varlen:
-        check_cu_seqlens("chunk_gla", cu_seqlens, q, initial_state)
+    check_inputs("chunk_gla", q, k, v, g, None, initial_state, True, chunk_size, allow_gva=False,
+                 cu_seqlens=cu_seqlens)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.gla", "chunk_gla")
         extra = {"cu_seqlens": cu_seqlens.to(q.device, torch.long)} if varlen else {}

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
-    check_cu_seqlens,
     check_inputs,
     compute_dtype,
     expand_gva,
@@ -111,15 +110,10 @@ def chunk_kda(
     ``g`` is the per-channel log-decay ``[B, T, H, K]``, ``beta`` ``[B, T, H]``; with grouped value
     heads (v has HV = multiple of H heads, as in fla) g, beta, o and the state have HV. The result
     does not depend on ``chunk_size``; on CUDA it is passed to fla when fla accepts it (32/64).
-    ``cu_seqlens`` (fla's variable-length form): the inputs are ``[1, T, ...]`` holding several sequences
-    back to back, split at ``cu_seqlens [N + 1]``; each starts from a zero state (or its row of an
-    ``initial_state [N, ...]``) and the final state has one row per sequence. CUDA passes it to fla; CPU
-    runs the sequences as rows of one padded batch (:func:`~hybridlab.models.ops.common.varlen_cpu`).
+    ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
     varlen = cu_seqlens is not None
-    check_inputs("chunk_kda", q, k, v, g, beta, None if varlen else initial_state, True, chunk_size)
-    if varlen:
-        check_cu_seqlens("chunk_kda", cu_seqlens, q, initial_state)
+    check_inputs("chunk_kda", q, k, v, g, beta, initial_state, True, chunk_size, cu_seqlens=cu_seqlens)
     if q.is_cuda:
         fla_chunk = fla_op("fla.ops.kda", "chunk_kda")
         extra = {"chunk_size": chunk_size} if chunk_size in FLA_KDA_CHUNK_SIZES else {}
