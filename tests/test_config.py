@@ -162,3 +162,60 @@ def test_experiment_seeds_per_preset(base):
     del c["experiments"]["bld_nl"]["seeds"]
     c["presets"]["tiny"]["experiments"].pop("bld_nl", None)
     assert cfg.experiment_seeds(cfg.resolve(cfg.validate(c)), "bld_nl") == [c["seed"]]
+
+
+def _set(path: str, value):
+    def apply(c):
+        *parents, last = path.split(".")
+        node = c
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[int(last) if isinstance(node, list) else last] = value
+    return apply
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("presets.tiny.data.seqlen", 1,
+     "config: unknown key 'presets.tiny.data.seqlen' (allowed here: bld_nl_stream, english_bible_docs, english_share, "
+     "english_web, english_web_docs, fineweb2_docs_per_language, flores_split, max_mono_docs_per_language, "
+     "max_parallel_sentences, min_parallel_sentences, mixture_tokens, mono_languages, packing, parallel_languages, "
+     "sentences_per_doc, seq_len, source, spaced_retrieval, tokenizer_vocab_size, tokenizers, val_fraction)"),
+    ("experiments.bld_nl.pattern", _DELETE,
+     "config: missing key 'pattern' in experiments.bld_nl (required: mixers, pattern, freeze_fraction, "
+     "optimizer_after_unfreeze, freeze_scope)"),
+    ("experiments.bld_sr.optimizer_after_unfreeze", "sgd",
+     "config: experiments.bld_sr.optimizer_after_unfreeze = 'sgd' is not allowed (allowed: adamw, muon, None)"),
+    ("presets.tiny.data.mono_languages.0", "telugu",
+     "config: presets.tiny.data.mono_languages[0] = 'telugu' is not a language code; use ISO 639-3 + '_' + "
+     "ISO 15924 script, e.g. 'tel_Telu'"),
+    ("presets.smoke.train.distill.table_rows_per_language", "all",
+     "config: presets.smoke.train.distill.table_rows_per_language must be of type ['integer', 'null'], got str 'all'"),
+    ("presets.tiny.data.english_share", 1.0,
+     "config: presets.tiny.data.english_share = 1.0 is out of range (exclusiveMaximum 1)"),
+    ("presets.tiny.data.seq_len", 4, "config: presets.tiny.data.seq_len = 4 is out of range (minimum 8)"),
+    ("experiments.distill.mixers", ["gdn", "gdn"],
+     "config: experiments.distill.mixers has duplicate entries: ['gdn', 'gdn']"),
+    ("experiments.bld_sr.freeze_windows", [[0.1]],
+     "config: experiments.bld_sr.freeze_windows[0] has 1 items (minItems 2)"),
+    ("presets.paper.eval.analysis.softcka.rff_features", 3,
+     "config: presets.paper.eval.analysis.softcka.rff_features: 3 is not a multiple of 2"),
+    ("presets.tiny.eval.analysis.niah.prompts", "oneruler",
+     "config: missing key 'oneruler_dir' in presets.tiny.eval.analysis.niah (required: oneruler_dir)"),
+    ("presets.tiny.train.distill.stage1.token_budget", 10,
+     "config: presets.tiny.train.distill.stage1: {'steps': 18, 'micro_batch_size': 8, 'lr': 0.003, 'warmup_steps': 2, "
+     "'token_budget': 10} is valid under each of {'required': ['token_budget']}, {'required': ['steps']}"),
+    ("presets.tiny.experiments.bld_nl", {"mixers": ["mamba"]},
+     "presets.tiny.experiments overrides: config: experiments.bld_nl.mixers[0] = 'mamba' is not allowed "
+     "(allowed: gdn, kda, gla)"),
+])
+def test_structure_errors_are_exact_one_liners(base, path, value, message):
+    """One message per kind of schema error (the wording predates the generated schema; keep it)."""
+    c = copy.deepcopy(base)
+    _set(path, value)(c)
+    assert _err(c) == message

@@ -3,8 +3,11 @@
 The config declares every experiment once; `presets.<scale>` only changes sizes. Validation is two
 passes, both ending in a one-line `HybridlabError` that names the offending key and what is allowed:
 
-1. structure and types against `schemas/config.schema.json` (JSON Schema 2020-12; unknown keys are
-   errors, never silently ignored);
+1. structure and types against the JSON Schema (2020-12) generated from the typed config tree in
+   `hybridlab.config_spec` (dataclasses: types, allowed values, ranges, defaults, help per key; unknown
+   keys are errors, never silently ignored). `schemas/config.schema.json` is that schema, committed
+   for editors and readers; regenerate it with
+   `python -m hybridlab.config_spec > src/hybridlab/schemas/config.schema.json`;
 2. meaning: language codes exist in the registry, gap weights match gaps, head counts divide, the
    full-attention ratio leaves at least one attention layer in the teacher, ...
 
@@ -15,23 +18,23 @@ passes, both ending in a one-line `HybridlabError` that names the offending key 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from hybridlab import config_spec
+from hybridlab.config_spec import SCALES, describe  # noqa: F401  (re-exported)
 from hybridlab.errors import HybridlabError
 
-SCALES = ("smoke", "tiny", "paper", "rehearsal")
 
-
+@functools.lru_cache(maxsize=1)
 def _schema() -> dict:
-    text = resources.files("hybridlab").joinpath("schemas/config.schema.json").read_text()
-    return json.loads(text)
+    return config_spec.json_schema()
 
 
 def _path_str(path) -> str:
@@ -72,8 +75,13 @@ def _format_error(err: jsonschema.ValidationError) -> str:
     return f"config: {where}: {err.message}"
 
 
+@functools.lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_schema())
+
+
 def _check_structure(config: dict) -> None:
-    validator = jsonschema.Draft202012Validator(_schema())
+    validator = _validator()
 
     def check(cfg: dict, prefix: str = "") -> None:
         errors = sorted(validator.iter_errors(cfg), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
