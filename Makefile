@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hybridlab-installed
 
-.PHONY: setup all report test data rehearsal clean-venv
+.PHONY: setup all report test lint data rehearsal clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,15 @@ rehearsal: setup
 
 # Two pytest-xdist workers (tests/conftest.py sends the smoke-DAG tests to one worker, the rehearsal to
 # the other, each other file whole); TEST_WORKERS=0 runs the suite in one process.
-test: setup
+test: setup lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" python -m pytest -q -n $(TEST_WORKERS)
+
+# The workflow is lint-clean (`snakemake --lint`, offline and paper-path rules) and snakefmt-formatted
+# (line length in pyproject.toml); `make test` runs this first.
+lint: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake --lint --config scale=smoke
+	PATH="$(CURDIR)/$(BIN):$$PATH" snakemake --lint --config scale=paper
+	$(BIN)/snakefmt --check Snakefile rules/
 
 clean-venv:
 	rm -rf $(VENV)

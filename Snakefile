@@ -7,6 +7,7 @@
 #
 # The config is validated before any rule is built; a bad value stops here with one line.
 
+
 configfile: "config.yaml"
 
 

@@ -1,13 +1,20 @@
-# Shared helpers for every rule file: validated config, output paths, resources, params.
+# The workflow's Python: the validated config, output paths, resources and the params of every phase.
+# The phase files (data, models, train, eval, figures .smk) hold their rules only; what they call is here,
+# in sections in the same phase order.
 
 import json
 import os
+import shlex
 import sys
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from hybridlab.config import config_hash, resolve, validate
+from hybridlab.config import config_hash, experiment_seeds, resolve, validate
+from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, job_environment, local_sources
+from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
+from hybridlab.plots import figures as _registry
+from hybridlab.train.spaced_retrieval import sr_arm_specs
 
 try:
     validate(config)
@@ -27,7 +34,6 @@ ON_GPU = SCALE == "paper"
 # preset runs them on CPU at miniature size: only numbers and paths differ.
 PAPER_PATH = SCALE in ("paper", "rehearsal")
 REHEARSAL_PROCESSES = 2  # CPU processes (gloo) a multi-GPU rule gets at the rehearsal preset
-PY = "python"
 # Downloaded registry packages (offline corpus) live outside results/ and are reused across presets.
 CACHE_DIR = os.environ.get("HYBRIDLAB_CACHE", "cache")
 
@@ -48,6 +54,23 @@ def BENCH(phase, name):
 def as_json(obj):
     """Rule params as one JSON string; Snakemake reruns a rule when its params change."""
     return json.dumps(obj, sort_keys=True)
+
+
+def _first(files):
+    return files if isinstance(files, str) else files[0]
+
+
+def input_dir(key):
+    """A params function: the directory of input `key` (its first file), for scripts that take a directory.
+
+    The files themselves are the rule's inputs, so the DAG sees them; only the script's argument is a directory.
+    """
+    return lambda wc, input: os.path.dirname(_first(input[key]))
+
+
+def output_dir(key=0):
+    """A params function: the directory of output `key` (its first file)."""
+    return lambda wc, output: os.path.dirname(_first(output[key]))
 
 
 # Memory plan (hybridlab.train.plan, `hybridlab plan`): at the paper preset every job's estimated peak per
@@ -100,10 +123,453 @@ def launcher(n_gpu, at_least=1):
     from hybridlab.train.launch import launch_prefix
 
     n = REHEARSAL_PROCESSES if SCALE == "rehearsal" and at_least > 1 else max(1, n_gpu)
-    return launch_prefix(n, python=PY)
+    return launch_prefix(n)
 
 
 # On CPU each training job gets one thread and Snakemake runs jobs side by side: measured on 2 cores,
 # small models gain little from a second thread and two threaded jobs fight for the CPUs. GPU jobs
 # (paper preset) get 8 CPU threads for data loading and the optimizer.
 TRAIN_THREADS = 8 if ON_GPU else 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data phase: paths and params of rules/data.smk
+
+CORPUS = {
+    "parallel": R("data", "corpus/parallel.parquet"),
+    "mono": R("data", "corpus/mono.parquet"),
+    "manifest": R("data", "corpus/manifest.json"),
+}
+MIXTURE_FILES = ["tokens.npy", "doc_starts.npy", "doc_offsets.npy", "meta.parquet", "stats.json"]
+
+
+def _tokenizer_plan():
+    """One tokenizer per distinct model vocabulary (hybridlab.data.tokenizer.tokenizer_plan), checked once."""
+    from hybridlab.data.tokenizer import tokenizer_plan
+
+    try:
+        return tokenizer_plan(C)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+# sources: {name: hub id / local dir / None (BPE trained here)}; teachers: {teacher: name}; bld_nl: name.
+TOK_PLAN = _tokenizer_plan()
+TOKENIZERS = list(TOK_PLAN["sources"])
+
+
+def tokenizer_dir(tok):
+    return R("data", f"tokenizer/{tok}")
+
+
+def tokenizer_file(tok):
+    return f"{tokenizer_dir(tok)}/tokenizer.json"
+
+
+def mixture_dir(tok, name):
+    """Packed mixture `name` (multilingual | english) tokenised with tokenizer `tok`."""
+    return R("data", f"mixture/{tok}/{name}")
+
+
+def mixture_files(tok, name):
+    return [f"{mixture_dir(tok, name)}/{f}" for f in MIXTURE_FILES]
+
+
+def teacher_tok(teacher):
+    return TOK_PLAN["teachers"][teacher]
+
+
+BLD_NL_TOK = TOK_PLAN["bld_nl"]
+# data.packing.document_mask: training and held-out evaluation keep attention and recurrent state inside
+# each packed document (the mixtures' doc_starts.npy). Only a true value enters a job's params, so the
+# default leaves existing runs' params (and their outputs) as they are.
+DOCUMENT_MASK = {"document_mask": True} if DATA.get("packing", {}).get("document_mask") else {}
+# Every mixture the DAG builds: a multilingual one per teacher tokenizer, an English one for BLD-NL's.
+MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]] + [(t, "english") for t in TOK_PLAN["english"]]
+SR_SPLITS = ["train", "val", "test"]
+
+
+# Every job of the preset gets HF_HOME / HF_HUB_OFFLINE / the model-directory map of `local_sources`
+# (set here, at parse time, so local jobs and cluster jobs, which re-parse the Snakefile, inherit it).
+os.environ.update(job_environment(C))
+
+
+def corpus_params():
+    """Parameters of the corpus step: OfflineCorpusConfig fields offline, loader options for the hub."""
+    if OFFLINE:
+        keys = [
+            "parallel_languages",
+            "mono_languages",
+            "max_parallel_sentences",
+            "min_parallel_sentences",
+            "max_mono_docs_per_language",
+            "sentences_per_doc",
+            "english_bible_docs",
+        ]
+        p = {k: DATA[k] for k in keys if k in DATA}
+        p.update(seed=C["seed"], packages=C["offline"]["packages"], min_english_words=C["offline"]["min_english_words"])
+    else:
+        keys = [
+            "parallel_languages",
+            "mono_languages",
+            "flores_split",
+            "fineweb2_docs_per_language",
+            "english_web",
+            "english_web_docs",
+        ]
+        p = {k: DATA[k] for k in keys if k in DATA}
+        # local copies in the hub layouts (config `local_sources`; None = the hub or the HF cache)
+        src = local_sources(C)
+        p.update(english=C["languages"]["english"], local_sources={k: src[k] for k in LOCAL_DATASET_KEYS})
+    return as_json(p)
+
+
+def mixture_params(name):
+    block_rows = 1
+    if name == "multilingual":
+        langs, share = DATA["mono_languages"], DATA["english_share"]
+    else:  # English-only text for BLD natural-language pre-training (DCLM at paper scale)
+        langs, share = [], 1.0
+        # A BLD-NL sequence joins context_len / seq_len consecutive rows: keep them together when shuffling.
+        ctx = C.get("train", {}).get("bld_nl", {}).get("context_len", DATA["seq_len"])
+        block_rows = ctx // DATA["seq_len"] if ctx % DATA["seq_len"] == 0 else 1
+    p = {
+        "languages": langs,
+        "english": C["languages"]["english"],
+        "english_share": share,
+        "seq_len": DATA["seq_len"],
+        "total_tokens": DATA["mixture_tokens"],
+        "block_rows": block_rows,
+        "val_fraction": DATA["val_fraction"],
+        "seed": C["seed"],
+    }
+    if name == "english" and DATA.get("bld_nl_stream"):
+        # Sized to the budget: stream the web source until the largest BLD-NL arm's tokens are packed.
+        bld = C["train"]["bld_nl"]
+        src = DATA["bld_nl_stream"]["source"]
+        p.update(
+            stream={**DATA["bld_nl_stream"], "path": local_sources(C)[src]},  # local copy, else the hub
+            bld_nl={
+                "sizes": bld["sizes"],
+                "experiment": C["experiments"]["bld_nl"],
+                "run": {k: v for k, v in bld.items() if k != "sizes"},
+            },
+        )
+    return as_json(p)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Models phase: paths and params of rules/models.smk
+
+if OFFLINE:
+    TEACHERS = ["teacher"]
+else:
+    TEACHERS = [teacher_key(name) for name in C["models"]["teachers"]]
+PLACEMENTS = C["experiments"]["distill"]["placements"]
+MIXERS = C["experiments"]["distill"]["mixers"]
+MODEL_FILES = ["config.json", "model.safetensors"]
+
+
+def teacher_dir(teacher):
+    return R("models", f"teachers/{teacher}")
+
+
+# Replicate seeds per experiment (experiments.<name>.seeds): every arm runs once per seed, one job each, under
+# a seed<N> directory placed before the arm so that an arm directory's basename stays the arm's name.
+DISTILL_SEEDS = experiment_seeds(C, "distill")
+SR_SEEDS = experiment_seeds(C, "bld_sr")
+NL_SEEDS = experiment_seeds(C, "bld_nl")
+SEED_RE = "[0-9]+"
+
+
+def student_dir(teacher, placement, mixer, seed):
+    return R("models", f"students/seed{seed}/{teacher}/{placement}-{mixer}")
+
+
+STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Train phase: paths and params of rules/train.smk
+
+# Arms of the Spaced Retrieval study (name -> spec for train_bld_sr.py; hybridlab.train.spaced_retrieval).
+BLD_SR_ARMS = sr_arm_specs(C["experiments"]["bld_sr"])
+
+
+def bld_sr_arms():
+    """Arm names of the Spaced Retrieval study, derived from experiments.bld_sr."""
+    return list(BLD_SR_ARMS)
+
+
+def bld_sr_arm_regex():
+    """Wildcard constraint: exactly the configured arm names (they contain '.' and '+')."""
+    import re
+
+    return "|".join(re.escape(a) for a in bld_sr_arms())
+
+
+def _bld_nl_study():
+    """Arms of BLD on natural language, checked once (hybridlab.train.bld_nl): {name: NLArm}."""
+    from hybridlab.train.bld_nl import check_study, nl_arms
+
+    exp, run = C["experiments"]["bld_nl"], C.get("train", {}).get("bld_nl")
+    if run is None:
+        print(
+            f"error: config: presets.{SCALE}.train.bld_nl is missing (model sizes and run settings of BLD on "
+            "natural language)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    try:
+        check_study(exp, run)
+    except HybridlabError as exc:
+        print(f"error: config: {exc}", file=sys.stderr)
+        sys.exit(1)
+    return {a.name: a for a in nl_arms(exp["mixers"], list(run["sizes"]))}
+
+
+BLD_NL_ARMS = _bld_nl_study()
+
+
+def bld_nl_arms():
+    """Arm names: <mixer>-<baseline|bld>, or <mixer>-<size>-<baseline|bld> with several sizes."""
+    return list(BLD_NL_ARMS)
+
+
+def bld_nl_params(arm, seed):
+    a = BLD_NL_ARMS[arm]
+    run = {k: v for k, v in C["train"]["bld_nl"].items() if k != "sizes"}
+    # `seeds` is not passed: a job sees only its own replicate seed (adding a seed never reruns the others)
+    exp = {k: v for k, v in C["experiments"]["bld_nl"].items() if k != "seeds"}
+    return as_json(
+        {
+            "arm": {"name": a.name, "mixer": a.mixer, "size": a.size, "variant": a.variant},
+            "shape": C["train"]["bld_nl"]["sizes"][a.size],
+            "run": run,
+            "experiment": exp,
+            "seed": int(seed),
+            **DOCUMENT_MASK,
+        }
+    )
+
+
+def distill_dir(teacher, placement, mixer, stage, seed):
+    return R("train", f"distill/seed{seed}/{teacher}/{placement}-{mixer}/{stage}")
+
+
+def bld_sr_dir(arm, seed):
+    return R("train", f"bld_sr/seed{seed}/{arm}")
+
+
+def bld_nl_dir(arm, seed):
+    return R("train", f"bld_nl/seed{seed}/{arm}")
+
+
+TRAIN_FILES = ["model.safetensors", "metrics.parquet"]
+
+
+# Distillation outputs: save_hybrid layout + the stage's metrics (step-0 row = before the first update).
+DISTILL_FILES = ["config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"]
+
+
+def distill_params(stage, seed):
+    """The distill_train settings one stage uses (so editing stage 2's knobs never reruns stage 1); `seed` is
+    the replicate's (data order; the same for every placement of that seed)."""
+    d = C["train"]["distill"]
+    own = {1: ["stage1", "stage1_inputs"], 2: ["stage2", "kl_chunk_tokens", "kl_vocab_chunk"]}[stage]
+    keys = own + [
+        "eval_every_tokens",
+        "ckpt_every_tokens",
+        "eval_rows_per_language",
+        "eval_batch_size",
+        "gradient_checkpointing",
+    ]
+    keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
+    return as_json({**{k: d[k] for k in keys}, "seed": int(seed), **DOCUMENT_MASK})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Eval phase: paths and params of rules/eval.smk
+
+EVAL_TABLES = [
+    "softcka",
+    "recency",
+    "fertility",
+    "perplexity",
+    "niah",
+    "retrieval_score",
+    "retrieval_heads",
+    "position_loss",
+]
+
+
+def distilled_students(seeds=None):
+    """Final (stage-2) student directories (save_hybrid layout: config.json, model.safetensors, hybrid.json) of
+    every student x replicate seed (`seeds`, default experiments.distill.seeds)."""
+    return [distill_dir(t, p, m, "stage2", s) for t, p, m in STUDENTS for s in (seeds or DISTILL_SEEDS)]
+
+
+# The analyses of the multilinguality study (SoftCKA, recency, NIAH; lm-eval) and the BLD-NL retrieval-head and
+# position-loss analyses read the models of the FIRST replicate seed only (their cost grows with every model;
+# their intervals are bootstraps / Wilson intervals over sentences, sequences and examples of that seed). The
+# findings' comparisons (perplexity / KL per placement, BLD-SR, BLD-NL held-out CE) use every seed.
+ANALYSIS_SEED = DISTILL_SEEDS[0]
+NL_ANALYSIS_SEED = NL_SEEDS[0]
+
+
+def analysis_models_param():
+    """Which models the SoftCKA / recency / NIAH / fertility rules analyse (hybridlab.eval.pairs)."""
+    A = C.get("eval", {}).get("analysis")
+    if A is None:
+        print(f"error: config: presets.{SCALE}.eval.analysis is missing; copy it from another preset", file=sys.stderr)
+        sys.exit(1)
+    distilled = (
+        [
+            {
+                "teacher": teacher_name(t),
+                "teacher_path": teacher_dir(t),
+                "student": f"{p}-{m}",
+                "student_path": distill_dir(t, p, m, "stage2", ANALYSIS_SEED),
+                "tokenizer": tokenizer_dir(teacher_tok(t)) if OFFLINE else teacher_dir(t),
+            }
+            for t, p, m in STUDENTS
+        ]
+        if A["include_distilled"]
+        else []
+    )
+    return {"distilled": distilled, "hub_pairs": A["hub_pairs"]}
+
+
+def analysis_params(section):
+    A = C["eval"]["analysis"]
+    return as_json(
+        {
+            "models": analysis_models_param(),
+            "dtype": A["dtype"],
+            "seed": C["seed"],
+            "english": C["languages"]["english"],
+            section: A[section],
+        }
+    )
+
+
+def analysis_inputs():
+    """The DAG models the analyses read (none when only hub models are analysed)."""
+    if not C.get("eval", {}).get("analysis", {}).get("include_distilled", False):
+        return []
+    return [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES] + [
+        f"{d}/{f}" for d in distilled_students([ANALYSIS_SEED]) for f in ("model.safetensors", "hybrid.json")
+    ]
+
+
+def heads_position_params(section):
+    """Params of the retrieval-heads / position-loss / lm-eval rules (presets.<scale>.eval.heads_position)."""
+    hp = C.get("eval", {}).get("heads_position")
+    if hp is None or section not in hp:
+        print(f"error: config: presets.{SCALE}.eval.heads_position.{section} is missing", file=sys.stderr)
+        sys.exit(1)
+    return as_json(
+        {
+            section: hp[section],
+            "seed": C["seed"],
+            "device": "cuda" if ON_GPU else "cpu",
+            "dtype": "bfloat16" if PAPER_PATH else "float32",
+        }
+    )
+
+
+def bld_nl_dirs():
+    """BLD-NL arm directories of the first replicate seed (the retrieval-head, position-loss and lm-eval analyses)."""
+    return [bld_nl_dir(a, NL_ANALYSIS_SEED) for a in bld_nl_arms()]
+
+
+# Paper (and rehearsal) preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
+LM_BENCHMARK_MODELS = (
+    ([teacher_dir(t) for t in TEACHERS] + distilled_students([ANALYSIS_SEED]) + bld_nl_dirs()) if PAPER_PATH else []
+)
+# Each model's own tokenizer: a teacher's (saved next to it) for the teacher and its students, BLD-NL's for its arms.
+LM_BENCHMARK_TOKENIZERS = (
+    (
+        [teacher_dir(t) for t in TEACHERS]
+        + [teacher_dir(t) for t, p, m in STUDENTS]
+        + [tokenizer_dir(BLD_NL_TOK)] * len(bld_nl_dirs())
+    )
+    if PAPER_PATH
+    else []
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Figures phase: paths and params of rules/figures.smk
+
+
+def _runs(table, dirs):
+    """Per-run training logs of a figure: {"<table>/seed<N>/<run>": <dir>/metrics.parquet}; make_figure.py
+    concatenates them (hybridlab.plots.figures.concat_runs: columns `run` and `seed`)."""
+    return {f"{table}/seed{seed}/{run}": f"{d}/metrics.parquet" for run, seed, d in dirs}
+
+
+_EV = lambda name: R("eval", f"{name}.parquet")
+_DISTILL_RUNS = _runs(
+    "distill", [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage2", s)) for t, p, m in STUDENTS for s in DISTILL_SEEDS]
+)
+_SR_RUNS = _runs("bld_sr", [(a, s, bld_sr_dir(a, s)) for a in bld_sr_arms() for s in SR_SEEDS])
+_NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for s in NL_SEEDS])
+
+# The figure and table registry is hybridlab.plots.figures (FIGURES, TABLES: name -> drawing function and the
+# input tables it reads); the rules derive one job per entry from it, with each input table's files:
+# an eval table is one parquet file, a training study (distill, bld_sr, bld_nl) one metrics file per run.
+_INPUT_FILES = {"distill": _DISTILL_RUNS, "bld_sr": _SR_RUNS, "bld_nl": _NL_RUNS}
+
+
+def _inputs(needs):
+    files = {}
+    for name in needs:
+        files.update(_INPUT_FILES.get(name) or {name: _EV(name)})
+    return files
+
+
+# lm-eval (and so its table) runs at the paper and rehearsal presets only (rules/eval.smk)
+_PAPER_ONLY = {"lm_benchmarks"}
+FIGURES = {name: _inputs(needs) for name, (_, needs) in _registry.FIGURES.items()}
+TABLES = {
+    name: _inputs(needs) for name, (_, needs) in _registry.TABLES.items() if PAPER_PATH or not _PAPER_ONLY & set(needs)
+}
+
+# The Snakemake report (`snakemake --report`): every figure and table with the caption from
+# hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
+CAPTIONS = _registry.CAPTIONS
+
+_BLD = (
+    "fig_sr_",
+    "fig_retrieval_score",
+    "fig_bld_nl",
+    "fig_position_loss",
+    "fig_retrieval_heads",
+    "table_bld_nl",
+    "table_lm_benchmarks",
+    "table_retrieval_score",
+    "table_sr_accuracy",
+)
+_STAMP = {"preset": SCALE, "config_hash": CONFIG_HASH}
+
+
+def _study(name):
+    if name == "table_findings":
+        return "Findings (generated)"
+    return "Competing learning (BLD)" if name.startswith(_BLD) else "Multilinguality"
+
+
+def _in_report(path, kind):
+    """Mark an output for the report: category = study, caption from CAPTIONS (wildcard `kind`)."""
+    return report(
+        path,
+        caption="../report/caption.rst",
+        category=lambda wc: _study(wc[kind]),
+        labels=lambda wc: {"name": wc[kind], "preset": SCALE},
+    )
+
+
+def _table_args(tables):
+    return [f"{name}={path}" for name, path in tables.items()]

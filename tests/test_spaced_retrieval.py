@@ -123,3 +123,19 @@ def test_config_validation():
         sr.SpacedRetrievalConfig(t=0)
     with pytest.raises(HybridlabError, match="unknown split"):
         sr.generate_split(sr.SpacedRetrievalConfig(), "dev")
+
+
+def test_sr_arm_specs_names_and_windows_by_hand():
+    """The study's arms from experiments.bld_sr (what the rules turn into jobs), each a valid SRArm spec."""
+    from hybridlab.train.spaced_retrieval import SRArm, sr_arm_specs
+
+    exp = {"freeze_until": [0.05, 0.2], "freeze_windows": [[0.2, 0.1]], "long_gap_fractions": [0.5],
+           "freeze_scope": "mixer", "optimizer_after_unfreeze": "muon"}
+    specs = sr_arm_specs(exp)
+    assert list(specs) == ["baseline", "freeze0-0.05", "freeze0-0.2", "window0.2+0.1", "longgap0.5"]
+    assert specs["freeze0-0.05"]["windows"] == [[0, 0.05]]
+    assert specs["window0.2+0.1"]["windows"] == [[0.2, 0.3]]  # 0.2 + 0.1 rounded, not 0.30000000000000004
+    assert specs["longgap0.5"] == {"name": "longgap0.5", "scope": "mixer", "optimizer_after_unfreeze": "muon",
+                                   "windows": [], "long_gap_fraction": 0.5}
+    arms = [SRArm.from_dict(s) for s in specs.values()]
+    assert [a.name for a in arms] == list(specs) and arms[-1].long_gap_fraction == 0.5

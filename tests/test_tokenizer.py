@@ -73,3 +73,11 @@ def test_train_validation(tmp_path):
         train_bpe(CORPUS, vocab_size=200, min_frequency=1, out_path=tmp_path)
     with pytest.raises(HybridlabError, match="no training texts"):
         train_bpe([], vocab_size=300, min_frequency=1, out_path=tmp_path / "x")
+
+
+def test_teacher_key_and_name_are_inverse():
+    from hybridlab.data.tokenizer import teacher_key, teacher_name
+
+    assert teacher_key("Qwen/Qwen3-4B") == "Qwen--Qwen3-4B"
+    assert teacher_name("Qwen--Qwen3-4B") == "Qwen/Qwen3-4B"
+    assert teacher_name(teacher_key("ibm-granite/granite-4.0-h-micro")) == "ibm-granite/granite-4.0-h-micro"

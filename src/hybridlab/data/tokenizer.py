@@ -126,6 +126,11 @@ def teacher_key(name: str) -> str:
     return name.replace("/", "--")
 
 
+def teacher_name(key: str) -> str:
+    """The hub name of a teacher key (`teacher_key`'s inverse: `Qwen--Qwen3-4B` -> `Qwen/Qwen3-4B`)."""
+    return key.replace("--", "/")
+
+
 def tokenizer_plan(cfg: dict) -> dict:
     """Tokenizers of a resolved preset and who uses them.
 
