@@ -1,0 +1,505 @@
+"""The pipeline's training jobs: one function per job, called by its thin workflow script.
+
+Every job takes the rule's settings (`params`, the JSON object the rule passes as ``--params``) and
+plain paths, and does the whole run:
+
+- **Work directory.** Checkpoints, the metrics log and any step-0 evaluation live in
+  ``<work>/<fingerprint>`` (`hybridlab.train.run.work_dir`): rerunning the same job after a kill resumes
+  it, while other settings or input contents start over. ``restart=True`` empties it first.
+- **Checks before the first update** (`hybridlab.data.budget`): token ids fit the model's embedding and
+  the run's tokens fit in the mixture.
+- **Training** in the shared loop (`hybridlab.train.loop.train`), on every rank under torchrun.
+- **Publishing.** Rank 0 alone writes the output directory, atomically (`publishing`: everything is
+  written to ``.<name>.tmp`` next to it, which then replaces it), with the model, ``metrics.parquet``
+  and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
+
+Each job's docstring lists the `params` keys it reads (the workflow scripts show it in ``--help``).
+User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
+script's ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from hybridlab.errors import HybridlabError
+
+SUMMARY_FILE = "summary.json"
+INITIAL_EVAL_FILE = "initial_eval.json"
+
+
+def is_main() -> bool:
+    """Rank 0 under torchrun (or the only process): the one that publishes outputs."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextmanager
+def publishing(out: str | Path) -> Iterator[Path]:
+    """Yield an empty ``.<name>.tmp`` directory path beside `out`; on success it replaces `out` whole.
+
+    The directory itself is not created (`save_pretrained` / `save_hybrid` create it). After an error the
+    temporary directory is left for inspection and `out` is untouched.
+    """
+    out = Path(out)
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    yield tmp
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def write_summary(directory: str | Path, summary: dict) -> None:
+    (Path(directory) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+
+def with_initial_row(metrics, initial: dict):
+    """`metrics` (a loop log) with a step-0 row first: the evaluation before any update, as ``eval/<key>``."""
+    import polars as pl
+
+    start = pl.DataFrame([{"step": 0, "tokens": 0, **{f"eval/{k}": float(v) for k, v in initial.items()}}])
+    return pl.concat([start.cast({"step": metrics.schema["step"], "tokens": metrics.schema["tokens"]}), metrics],
+                     how="diagonal_relaxed")
+
+
+def final_eval(metrics, what: str, key: str = "kl") -> dict:
+    """The last held-out evaluation of a metrics log (rows with ``eval/<key>``) as {metric: value}.
+
+    One-line error naming `what` when any value is NaN (the run diverged; its weights are not published).
+    """
+    import polars as pl
+
+    row = metrics.filter(pl.col(f"eval/{key}").is_not_null()).row(-1, named=True)
+    final = {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
+    if not all(v == v for v in final.values()):
+        raise HybridlabError(f"{what} ended with NaN held-out metrics; lower the lr and rerun with --restart")
+    return final
+
+
+def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path,
+                     out: str | Path, restart: bool = False) -> dict | None:
+    """Pre-train the dense teacher (Qwen3 architecture) from scratch on the packed multilingual mixture.
+
+    Writes `out`: the final model (``config.json`` + ``model.safetensors``, a normal `from_pretrained`
+    directory), ``metrics.parquet`` (loss, lr, held-out CE overall and per language) and ``summary.json``
+    (parameters, steps, tokens, final held-out CE ``heldout``, and ``unigram_baseline_ce``, the train
+    tokens' unigram entropy the held-out loss is compared against). Returns the summary (None off rank 0).
+
+    params keys:
+      seed             int: initialisation and data order
+      shape            Qwen3Config fields (hidden_size, num_hidden_layers, num_attention_heads,
+                       num_key_value_heads, head_dim, intermediate_size, ...)
+      train            TrainConfig fields (steps, micro_batch_size, lr, warmup_steps, eval_every,
+                       ckpt_every, ...) plus eval_rows_per_language (default 8: held-out rows per
+                       language) and epochs (optional: passes over the mixture's train tokens allowed)
+      document_mask    bool (default false): document-masked training and evaluation
+    """
+    import numpy as np
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from hybridlab.data.budget import check_train_data
+    from hybridlab.data.packing import PackedDataset
+    from hybridlab.data.tokenizer import load_tokenizer
+    from hybridlab.train.config import TrainConfig
+    from hybridlab.train.loop import train
+    from hybridlab.train.run import work_dir
+    from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language, unigram_entropy
+
+    tok = load_tokenizer(tokenizer)
+    run = dict(params["train"])
+    eval_rows = run.pop("eval_rows_per_language", 8)
+    epochs = run.pop("epochs", None)
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_set = PackedDataset(mixture, "train", documents=docs)
+    val_set = PackedDataset(mixture, "val", documents=docs)
+    seq_len = train_set.seq_len
+
+    torch.manual_seed(params["seed"])
+    config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=seq_len, tie_word_embeddings=True,
+                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.eos_token_id, **params["shape"])
+    model = Qwen3ForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"teacher: {n_params / 1e6:.2f}M parameters, {len(train_set)} train rows of {seq_len} tokens")
+
+    # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
+    work = work_dir(work, params, [mixture, tokenizer], restart=restart, is_main=is_main())
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "log_every": 10, **run})
+    # Before any update: every token id fits the embedding, and the run's tokens fit in the mixture.
+    check_train_data(mixture, model, what="teacher", need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
+                     epochs=epochs, fix="raise data.mixture_tokens")
+
+    def eval_fn(model, step):
+        return heldout_ce_by_language(model, val_set, max_rows_per_language=eval_rows,
+                                      device=next(model.parameters()).device)
+
+    result = train(model, CausalLMTask(), train_set, cfg, eval_fn=eval_fn)
+    if not is_main():  # every rank holds the trained weights; rank 0 publishes
+        return None
+    final = eval_fn(model.eval(), result.step)
+    baseline = unigram_entropy(np.asarray(train_set.tokens), len(tok))
+
+    summary = {"parameters": n_params, "steps": result.step, "tokens": result.tokens,
+               "heldout": final, "unigram_baseline_ce": baseline}
+    with publishing(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
+        write_summary(tmp, summary)
+    print(f"held-out CE {final['ce']:.3f} vs unigram baseline {baseline:.3f}")
+    return summary
+
+
+def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixture: str | Path,
+            work: str | Path, out: str | Path, restart: bool = False) -> dict | None:
+    """Distil a dense teacher into its converted hybrid: stage 1 (attention alignment) or 2 (logit KL).
+
+    Stage 1: `student` is the converted hybrid; only its mixers train, on the L2 distance between each
+    mixer's output and the frozen teacher's attention output (`hybridlab.train.distill.Stage1Task`).
+    Stage 2: `student` is the stage-1 result; the whole student trains on forward KL(teacher || student)
+    of the logits, chunked so the vocabulary never materialises (`Stage2Task`). `teacher` is a model
+    directory or hub id.
+
+    Held-out CE and KL, overall and per language, are evaluated every `eval_every_tokens` tokens on the
+    val split (stage 1 also logs the held-out alignment loss ``align``); the evaluation before the first
+    update is stored in the work directory (``initial_eval.json``, reused on a resume) and becomes the
+    step-0 row of ``metrics.parquet``. A NaN in the final held-out metrics stops the job with one line.
+    Writes `out` in `save_hybrid` layout (config.json, model.safetensors, hybrid.json, with
+    ``distill_stage<n>`` in hybrid.json's extra) plus ``metrics.parquet`` and ``summary.json`` (stage,
+    steps, tokens, trainable_parameters, train_seconds, initial, final). On CUDA the teacher is kept in
+    bf16 (it only runs forward) and the loop autocasts to bf16. Returns the summary (None off rank 0).
+
+    params keys:
+      seed                     int
+      stage1 / stage2          the stage's TrainConfig fields (steps, micro_batch_size, grad_accum, lr,
+                               ...) plus epochs (optional: passes over the mixture allowed); a stage
+                               reads only its own
+      eval_every_tokens        held-out evaluation interval in tokens (rounded to whole updates)
+      ckpt_every_tokens        checkpoint interval in tokens
+      eval_rows_per_language   held-out rows per language; eval_batch_size: rows per evaluation batch
+      gradient_checkpointing   bool: activation checkpointing of the student
+      stage1_inputs            stage 1: "teacher" or "student", what the mixers see
+      kl_chunk_tokens          stage 2: positions per KL chunk; kl_vocab_chunk: vocabulary columns per chunk
+      teacher_sharding         "replicate" (default) or "shard": the frozen teacher under FSDP
+      document_mask            bool (default false): document-masked training and evaluation
+    """
+    import polars as pl
+    import torch
+
+    from hybridlab.data.budget import check_mixture_vocab, check_train_data
+    from hybridlab.data.packing import PackedDataset
+    from hybridlab.models.io import load_hybrid, save_hybrid
+    from hybridlab.models.registry import load_causal_lm
+    from hybridlab.train import distill as D
+    from hybridlab.train.config import TrainConfig
+    from hybridlab.train.distributed import init_distributed, resolve_device
+    from hybridlab.train.fsdp import Frozen
+    from hybridlab.train.loop import METRICS_FILE, train
+    from hybridlab.train.run import work_dir
+
+    run = dict(params[f"stage{stage}"])
+    epochs = run.pop("epochs", None)
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_set = PackedDataset(mixture, "train", documents=docs)
+    val_set = PackedDataset(mixture, "val", documents=docs)
+    seq_len = train_set.seq_len
+    every = {k: D.eval_interval_steps(params[f"{k}_every_tokens"], run["micro_batch_size"],
+                                      run.get("grad_accum", 1), seq_len) for k in ("eval", "ckpt")}
+
+    # keyed by settings + input contents (models and mixture): a run of other inputs is never resumed
+    # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
+    main = is_main()
+    work = work_dir(work, {"stage": stage, **params}, [student, teacher, mixture], restart=restart, is_main=main)
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len,
+                                 "eval_every": every["eval"], "ckpt_every": every["ckpt"],
+                                 "activation_checkpointing": params["gradient_checkpointing"], **run})
+
+    # The loop picks the same device per rank; only rank 0 evaluates the start point and writes outputs.
+    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    dtype = torch.bfloat16 if cfg.resolved_precision(device.type) == "bf16" else torch.float32  # the teacher's
+    teacher_model = D.freeze(load_causal_lm(teacher, dtype=dtype)).to(device)
+    # The frozen teacher: replicated on every rank, or FSDP-sharded (the memory plan's teacher term); a sharded
+    # one needs the process group now, and train() reuses it.
+    shard_teacher = params.get("teacher_sharding", "replicate") == "shard"
+    ctx = init_distributed(cfg.device) if shard_teacher else None
+    frozen_teacher = Frozen(teacher_model, ctx, shard=True) if shard_teacher else teacher_model
+    model = load_hybrid(student, dtype=torch.float32, device=device)
+    # Before any update: the mixture is in this teacher's tokens (ids fit both embeddings) and holds the budget.
+    what = f"distill stage {stage}"
+    check_mixture_vocab(mixture, teacher_model, f"{what} teacher {teacher}")
+    check_train_data(mixture, model, what=what, need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
+                     epochs=epochs, fix="raise data.mixture_tokens")
+    torch.manual_seed(params["seed"])
+    if stage == 1:
+        trainable = D.freeze_all_but_mixers(model)
+        task = D.Stage1Task(frozen_teacher, model, inputs=params["stage1_inputs"])
+    else:
+        for prm in model.parameters():
+            prm.requires_grad_(True)
+        trainable = [n for n, _ in model.named_parameters()]
+        task = D.Stage2Task(frozen_teacher, chunk_tokens=params["kl_chunk_tokens"],
+                            vocab_chunk=params["kl_vocab_chunk"])
+    names = set(trainable)
+    n_train = sum(prm.numel() for n, prm in model.named_parameters() if n in names)
+    print(f"stage {stage}: {n_train / 1e6:.3f}M trainable parameters, {cfg.total_steps()} updates of "
+          f"{cfg.batch_size} x {seq_len} tokens, eval every {every['eval']} updates")
+
+    eval_ids, eval_langs = D.heldout_rows(val_set, params["eval_rows_per_language"])
+
+    def eval_fn(m, step):
+        out = D.heldout_curve_metrics(m, frozen_teacher, eval_ids, eval_langs, params["eval_batch_size"])
+        if stage == 1:
+            out["align"] = task.heldout_alignment(m, eval_ids, params["eval_batch_size"])
+            task.clear()
+        return out
+
+    initial_path = work / INITIAL_EVAL_FILE
+    want_initial = not initial_path.exists()
+    if ctx is not None:  # one decision for all ranks (rank 0 writes the file the others would see)
+        want_initial = ctx.all_gather_object(want_initial)[0]
+    if want_initial and (main or ctx is not None):  # a sharded teacher needs every rank in the call
+        # Before the first update: the curve's 0-token point (on a resume, the stored one is reused).
+        model.eval()
+        with torch.no_grad():
+            initial = eval_fn(model, 0)
+        if main:
+            initial_path.write_text(json.dumps(initial, sort_keys=True))
+
+    t0 = time.perf_counter()
+    result = train(model, task, train_set, cfg, eval_fn=eval_fn, grad_norm_groups=D.grad_norm_groups())
+    seconds = time.perf_counter() - t0
+    if ctx is not None:
+        ctx.close()
+    if stage == 1:
+        task.close()
+    if not main:
+        return None
+
+    initial = json.loads(initial_path.read_text())
+    metrics = with_initial_row(pl.read_parquet(work / METRICS_FILE), initial)
+    final = final_eval(metrics, f"stage {stage}")
+
+    model.hybridlab_spec.extra = {**model.hybridlab_spec.extra, f"distill_stage{stage}":
+                                  {"teacher": teacher, "steps": result.step, "tokens": result.tokens}}
+    summary = {"stage": stage, "steps": result.step, "tokens": result.tokens, "trainable_parameters": n_train,
+               "train_seconds": seconds, "initial": initial, "final": final}
+    with publishing(out) as tmp:
+        save_hybrid(model, tmp)
+        metrics.write_parquet(tmp / METRICS_FILE)
+        write_summary(tmp, summary)
+    print(f"stage {stage}: held-out KL {initial['kl']:.4f} -> {final['kl']:.4f}, "
+          f"CE {initial['ce']:.4f} -> {final['ce']:.4f} ({result.tokens} tokens, {seconds:.1f}s)")
+    return summary
+
+
+def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str | Path, restart: bool = False,
+                 threads: int | None = None) -> dict:
+    """Train one arm of BLD on Spaced Retrieval (2 KDA + 2 attention layers, loss on the answer digits).
+
+    The arm says which recurrent blocks freeze when (fractions of training) and, optionally, the long-gap
+    share of the train mix (the split is resampled; `hybridlab.train.spaced_retrieval`). `data` holds the
+    splits (train/val/test.parquet); `threads` sets torch's CPU threads (None: torch's choice). Writes `out`:
+
+    - ``config.json``, ``model.safetensors``, ``hybrid.json``: the final model (`save_hybrid` layout);
+    - ``metrics.parquet``: per logged step loss, lr, gradient norms (total, per layer and per mixer type:
+      ``grad_norm/layer<i>/<kind>``, ``grad_norm/<kind>``), per-gap train accuracy (``acc/gap<g>``,
+      ``seq_acc/gap<g>``, from the count columns ``sr/...``) and, every `eval_every` steps, validation
+      accuracy per gap (``eval/acc/gap<g>``, ``eval/seq_acc/gap<g>``);
+    - ``score_checkpoints/step_<step, 6 digits>/`` (`save_hybrid` layout) at the configured fractions of
+      training, and ``score_checkpoints/index.json`` listing them (read by the retrieval-score rule);
+    - ``summary.json``: arm, seed, parameters, steps, tokens, layer types, freeze windows (in updates) and
+      scope, recurrent layers, optimiser-switch step, long-gap fraction, test accuracy per gap, wall time.
+
+    Returns the summary.
+
+    params keys:
+      seed              int
+      arm               the arm (`SRArm.from_dict`): name, windows ([[start, end], ...] fractions of
+                        training with the recurrent blocks frozen), scope ("block" or "mixer"),
+                        optimizer_after_unfreeze (optional), long_gap_fraction (optional)
+      pattern           one entry per layer, "mixer" or "full_attention"; mixer: the recurrent mixer kind
+      train             TrainConfig fields (steps, micro_batch_size, lr, eval_every, ...) plus model (the
+                        SRModelConfig shape, optional mixer_chunk_size) and eval_rows_per_gap (validation
+                        examples per gap at each evaluation; 0 = the whole split)
+      score_fractions   fractions of training at which score checkpoints are saved
+    """
+    import polars as pl
+    import torch
+
+    from hybridlab.data import spaced_retrieval as sr
+    from hybridlab.models.io import save_hybrid
+    from hybridlab.train import spaced_retrieval as srt
+    from hybridlab.train.bld import grad_norm_groups, plan_bld
+    from hybridlab.train.config import TrainConfig
+    from hybridlab.train.loop import train
+    from hybridlab.train.run import work_dir
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    splits = {s: sr.read_split(Path(data) / f"{s}.parquet") for s in sr.SPLITS}
+    arm = srt.SRArm.from_dict(params["arm"])
+    seed = params["seed"]
+    train_records = splits["train"]
+    if arm.long_gap_fraction is not None:
+        train_records = srt.resample_long_gap(train_records, arm.long_gap_fraction, seed)
+    gaps = sorted(set(splits["train"].gaps_N.tolist()))
+
+    shape = dict(params["train"]["model"])
+    chunk_size = shape.pop("mixer_chunk_size", None)
+    max_len = max(sr.sequence_length(splits[s].t, int(splits[s].gaps_N.max())) for s in sr.SPLITS)
+    model_cfg = srt.SRModelConfig(**shape, pattern=tuple(params["pattern"]), mixer=params["mixer"],
+                                  max_position_embeddings=max_len,
+                                  mixer_overrides={"chunk_size": chunk_size} if chunk_size else {})
+    model = srt.build_sr_model(model_cfg, seed)
+    n_params = sum(q.numel() for q in model.parameters())
+
+    run = dict(params["train"])
+    run.pop("model")
+    eval_rows = run.pop("eval_rows_per_gap")
+    steps = run["steps"]
+    plan = plan_bld(model, arm.freeze, steps)
+    # keyed by params + the data's contents: other inputs start over instead of resuming (hybridlab.train.run)
+    work = work_dir(work, params, [data], restart=restart, is_main=is_main())
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": seed, **run, **plan.train_config_overrides()})
+
+    score_at = srt.score_steps(params["score_fractions"], steps)
+    ckpt = srt.ScoreCheckpointer(str(work / "score_checkpoints"), score_at)
+    val = srt.take_per_gap(splits["val"], eval_rows) if eval_rows else splits["val"]
+
+    def eval_fn(model, step):
+        return srt.accuracy_by_gap(model, val)
+
+    print(f"arm {arm.name}: {n_params / 1e6:.3f}M parameters, layers {model.hybridlab_spec.layer_types}, "
+          f"{len(train_records)} train examples (long-gap fraction {arm.long_gap_fraction}), "
+          f"recurrent layers {plan.recurrent_layers} frozen in updates {plan.windows} ({arm.freeze.scope})")
+    result = train(model, srt.SpacedRetrievalTask(gaps), sr.SpacedRetrievalDataset(train_records), cfg,
+                   collate_fn=sr.collate, on_step_start=[*plan.schedules, ckpt], eval_fn=eval_fn,
+                   grad_norm_groups=grad_norm_groups(model))
+    model.eval()
+    if steps in score_at:
+        ckpt.save(steps, model)
+    missing = [s for s in score_at if not ckpt.path(s).is_dir()]
+    if missing:
+        raise HybridlabError(f"score checkpoints {missing} are missing from {ckpt.out_dir}; rerun with --restart")
+    with torch.no_grad():
+        test_acc = srt.accuracy_by_gap(model, splits["test"])
+
+    index = {"arm": arm.name, "seed": seed, "total_steps": steps, "long_gap_fraction": arm.long_gap_fraction,
+             "freeze_windows": plan.windows, "checkpoints": [
+                 {"step": s, "fraction": s / steps, "path": f"score_checkpoints/{ckpt.path(s).name}"}
+                 for s in score_at]}
+    with publishing(out) as tmp:
+        save_hybrid(model, tmp)
+        metrics = srt.add_accuracy_columns(pl.read_parquet(result.metrics_path), gaps)
+        metrics.write_parquet(tmp / "metrics.parquet")
+        shutil.copytree(work / "score_checkpoints", tmp / "score_checkpoints")
+        (tmp / "score_checkpoints" / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
+        summary = {"arm": arm.name, "seed": seed, "parameters": n_params, "steps": result.step,
+                   "tokens": result.tokens, "layer_types": model.hybridlab_spec.layer_types,
+                   "freeze_windows": plan.windows, "freeze_scope": arm.freeze.scope,
+                   "recurrent_layers": plan.recurrent_layers, "optimizer_switch_step": plan.optimizer_switch_step,
+                   "long_gap_fraction": arm.long_gap_fraction, "test": test_acc,
+                   "wall_s": round(time.perf_counter() - t0, 1)}
+        write_summary(tmp, summary)
+    print(f"arm {arm.name}: test " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(test_acc.items())))
+    return summary
+
+
+def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path, out: str | Path,
+                 restart: bool = False, threads: int | None = None) -> dict | None:
+    """Train one BLD natural-language arm: a NoPE Attention-Mixer-Mixer-Mixer hybrid on English text.
+
+    See `hybridlab.train.bld_nl` for the model, the arms and the schedule. `mixture` is the packed
+    English mixture; `threads` sets torch's CPU threads (None: torch's choice). Writes `out` in
+    `save_hybrid` layout (with the tokenizer), ``metrics.parquet`` (loss, lr, grad norms per layer kind,
+    held-out CE) and ``summary.json`` (arm, mixer, size, variant, parameters, steps, tokens, context_len,
+    freeze windows, frozen parameter count, the optimiser switch and the optimiser after it, final
+    held-out CE ``heldout``). Returns the summary (None off rank 0).
+
+    params keys:
+      seed         int
+      arm          the arm (`NLArm`): name, mixer, size, variant ("baseline" or "bld")
+      shape        the size's model shape (hidden_size, num_hidden_layers, num_attention_heads,
+                   num_key_value_heads, head_dim, intermediate_size; optional mixer_chunk_size)
+      run          context_len, steps or tokens_per_param, micro_batch_size, grad_accum, lr,
+                   warmup_fraction, weight_decay, eval_every, ckpt_every, eval_rows (default 16: held-out
+                   rows per language), epochs (optional)
+      experiment   pattern, freeze_fraction, freeze_scope, optimizer_after_unfreeze
+      document_mask  bool (default false): document-masked training and evaluation
+    """
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+    from hybridlab.data.budget import check_train_data
+    from hybridlab.data.packing import PackedDataset, check_row_blocks
+    from hybridlab.data.tokenizer import load_tokenizer
+    from hybridlab.models.io import save_hybrid
+    from hybridlab.train import bld_nl
+    from hybridlab.train.bld import grad_norm_groups
+    from hybridlab.train.config import TrainConfig
+    from hybridlab.train.loop import train
+    from hybridlab.train.run import work_dir
+    from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language
+
+    arm = bld_nl.NLArm(**params["arm"])
+    run, exp, seed = params["run"], params["experiment"], params["seed"]
+    tok = load_tokenizer(tokenizer)
+    docs = params.get("document_mask", False)  # data.packing.document_mask
+    train_rows = PackedDataset(mixture, "train", documents=docs)
+    k = bld_nl.rows_per_sequence(run["context_len"], train_rows.seq_len)
+    check_row_blocks(train_rows, k, f"bld_nl {arm.name}")
+    train_set = bld_nl.JoinedRows(train_rows, k)
+    val_set = bld_nl.JoinedRows(PackedDataset(mixture, "val", documents=docs), k)
+
+    model = bld_nl.build_nope_hybrid(params["shape"], pattern=exp["pattern"], mixer=arm.mixer,
+                                     vocab_size=len(tok), context_len=run["context_len"],
+                                     eos_id=tok.eos_token_id, seed=seed)
+    model.hybridlab_spec.extra.update({"arm": arm.name, "variant": arm.variant, "size": arm.size})
+    n_params = bld_nl.count_parameters(model)
+    steps = bld_nl.total_steps(run, n_params)
+    plan = bld_nl.plan_arm(model, arm, steps, freeze_fraction=exp["freeze_fraction"], scope=exp["freeze_scope"],
+                           optimizer_after_unfreeze=exp["optimizer_after_unfreeze"])
+    # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
+    work = work_dir(work, params, [mixture, tokenizer], restart=restart, is_main=is_main())
+    cfg = TrainConfig.from_dict(bld_nl.train_config_dict(run, out_dir=str(work), seed=seed, steps=steps, plan=plan))
+    # Before any update: token ids fit the embedding, and the arm's tokens fit in the English mixture.
+    why = f"{run['tokens_per_param']:g} tokens/param" if "tokens_per_param" in run else f"{steps} updates"
+    check_train_data(mixture, model, what=f"bld_nl {arm.name}", need_tokens=steps * cfg.batch_size * run["context_len"],
+                     epochs=run.get("epochs"), why=why, fix="raise data.mixture_tokens / data.english_web_docs")
+    frozen = f"updates [0, {plan.windows[0][1]})" if plan.windows else "never"
+    print(f"{arm.name}: {n_params / 1e6:.2f}M parameters, layers {model.hybridlab_spec.layer_types}, NoPE, "
+          f"{steps} updates of {cfg.batch_size} x {run['context_len']} tokens; recurrent {exp['freeze_scope']}s "
+          f"frozen {frozen}; adamw -> {plan.optimizer_after_switch} at update {plan.optimizer_switch_step}")
+
+    groups = {k: v for k, v in grad_norm_groups(model).items() if "/" not in k}  # per kind, not per layer
+    eval_rows = run.get("eval_rows", 16)
+
+    def eval_fn(model, step):
+        return heldout_ce_by_language(model, val_set, max_rows_per_language=eval_rows,
+                                      device=next(model.parameters()).device)
+
+    result = train(model, CausalLMTask(), train_set, cfg, on_step_start=plan.schedules, eval_fn=eval_fn,
+                   grad_norm_groups=groups)
+    if not is_main():  # every rank holds the trained weights; rank 0 publishes
+        return None
+    final = eval_fn(model.eval(), result.step)
+
+    summary = {"arm": arm.name, "mixer": arm.mixer, "size": arm.size, "variant": arm.variant,
+               "parameters": n_params, "steps": result.step, "tokens": result.tokens,
+               "context_len": run["context_len"], "freeze_windows": plan.windows,
+               "frozen_parameters": len(plan.frozen_names), "optimizer_switch_step": plan.optimizer_switch_step,
+               "optimizer_after_switch": plan.optimizer_after_switch, "heldout": final}
+    with publishing(out) as tmp:
+        save_hybrid(model, tmp, tokenizer=tok)
+        shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
+        write_summary(tmp, summary)
+    print(f"{arm.name}: held-out CE {final['ce']:.3f} after {result.step} updates ({result.tokens} tokens)")
+    return summary

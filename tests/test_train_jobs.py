@@ -1,0 +1,261 @@
+"""The training jobs (hybridlab.train.jobs) called directly, without Snakemake, on tiny local data and models:
+what each publishes (files, metrics columns, summary keys), resume vs fresh start, the distillation step-0
+row and the NaN stop, and the thin workflow scripts' --help."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hybridlab.errors import HybridlabError
+from hybridlab.train import jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ["pretrain_teacher", "distill", "train_bld_sr", "train_bld_nl"]
+TEACHER_SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                 "head_dim": 16, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A BPE tokenizer and an English mixture packed with it (rows of 32 tokens in blocks of 2)."""
+    from hybridlab.data.packing import pack_mixture, write_packed
+    from hybridlab.data.tokenizer import train_bpe
+
+    root = tmp_path_factory.mktemp("corpus")
+    words = "the cat sat on a mat while rain fell over old hills and dogs ran home".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, 40)) for _ in range(120)]
+    tok = train_bpe(texts, vocab_size=300, min_frequency=2, out_path=root / "tokenizer")
+    docs = pl.DataFrame([{"doc_id": f"d{k:03d}", "lang": "eng_Latn", "source": "t", "text": t}
+                         for k, t in enumerate(texts)])
+    mix = pack_mixture(docs, tok, languages=[], english_share=1.0, seq_len=32, total_tokens=32 * 64,
+                       val_fraction=0.1, seed=0, block_rows=2)
+    write_packed(root / "mixture", mix)
+    return {"tokenizer": root / "tokenizer", "mixture": root / "mixture"}
+
+
+def _teacher_params(steps=4):
+    return {"seed": 0, "shape": TEACHER_SHAPE,
+            "train": {"steps": steps, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "eval_every": 2,
+                      "ckpt_every": 2, "eval_rows_per_language": 2, "epochs": 10}}
+
+
+def _pretrain(corpus, tmp, **kw):
+    return jobs.pretrain_teacher(_teacher_params(), mixture=corpus["mixture"], tokenizer=corpus["tokenizer"],
+                                 work=tmp / "work", out=tmp / "teacher", **kw)
+
+
+def _published(out):
+    """summary.json of a published output (the returned summary is the same, through JSON)."""
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def teacher(corpus, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("teacher")
+    _pretrain(corpus, tmp)
+    return tmp / "teacher"
+
+
+# ---- shared pieces ----------------------------------------------------------------------------------------------
+
+
+def test_publishing_replaces_the_output_whole_and_only_on_success(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old run")
+    with jobs.publishing(out) as tmp:
+        assert tmp == tmp_path / ".out.tmp" and not tmp.exists()
+        tmp.mkdir()
+        jobs.write_summary(tmp, {"b": 1, "a": [1, 2]})
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"] and not (tmp_path / ".out.tmp").exists()
+    assert (out / "summary.json").read_text() == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}'
+    with pytest.raises(RuntimeError):
+        with jobs.publishing(out) as tmp:
+            tmp.mkdir()
+            raise RuntimeError("killed mid-write")
+    assert (out / "summary.json").is_file()  # the published output is untouched
+
+
+def test_initial_row_and_final_eval_of_a_metrics_log():
+    log = pl.DataFrame({"step": [1, 2, 3], "tokens": [64, 128, 192], "loss": [3.0, 2.5, 2.0],
+                        "eval/kl": [None, 0.5, None], "eval/ce": [None, 2.4, None]})
+    metrics = jobs.with_initial_row(log, {"kl": 1, "ce": 3.5})
+    assert metrics["step"].to_list() == [0, 1, 2, 3] and metrics.schema["step"] == log.schema["step"]
+    assert metrics.row(0, named=True) == {"step": 0, "tokens": 0, "eval/kl": 1.0, "eval/ce": 3.5, "loss": None}
+    assert jobs.final_eval(metrics, "stage 2") == {"kl": 0.5, "ce": 2.4}
+    diverged = metrics.with_columns(pl.when(pl.col("step") == 2).then(float("nan")).otherwise(pl.col("eval/ce"))
+                                    .alias("eval/ce"))
+    with pytest.raises(HybridlabError, match=r"^stage 2 ended with NaN held-out metrics; lower the lr and rerun "
+                                             r"with --restart$"):
+        jobs.final_eval(diverged, "stage 2")
+
+
+# ---- teacher ----------------------------------------------------------------------------------------------------
+
+
+def test_pretrain_teacher_publishes_resumes_and_restarts(corpus, tmp_path, capsys):
+    summary = _pretrain(corpus, tmp_path)
+    out = tmp_path / "teacher"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "metrics.parquet",
+                                                     "model.safetensors", "summary.json"]
+    assert _published(out) == json.loads(json.dumps(summary))
+    assert set(summary) == {"parameters", "steps", "tokens", "heldout", "unigram_baseline_ce"}
+    assert summary["steps"] == 4 and summary["tokens"] == 4 * 4 * 31  # scored positions: 31 of each 32-token row
+    assert set(summary["heldout"]) == {"ce", "ce/eng_Latn"} and math.isfinite(summary["heldout"]["ce"])
+    assert 0 < summary["unigram_baseline_ce"] <= math.log(300)
+    metrics = pl.read_parquet(out / "metrics.parquet")
+    assert metrics["step"].to_list() == [2, 4] and {"loss", "lr", "eval/ce"} <= set(metrics.columns)  # eval_every 2
+    assert not list(tmp_path.glob(".teacher.tmp"))
+    (work,) = list((tmp_path / "work").iterdir())
+    first = load_file(out / "model.safetensors")
+    capsys.readouterr()
+
+    # A killed job's rerun (its output gone): the same work directory resumes the finished run, trains nothing.
+    (out / "summary.json").unlink()
+    again = _pretrain(corpus, tmp_path)
+    assert "resuming" in capsys.readouterr().out and list((tmp_path / "work").iterdir()) == [work]
+    assert again == summary and (out / "summary.json").is_file()
+    assert all(torch.equal(t, first[k]) for k, t in load_file(out / "model.safetensors").items())
+
+    # restart: a fresh run from the same seed (no resume), so the same weights again
+    _pretrain(corpus, tmp_path, restart=True)
+    assert "resuming" not in capsys.readouterr().out
+    assert all(torch.equal(t, first[k]) for k, t in load_file(out / "model.safetensors").items())
+
+
+# ---- distillation -----------------------------------------------------------------------------------------------
+
+
+def _distill_params():
+    run = {"steps": 2, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1}
+    return {"seed": 0, "stage1": run, "stage2": run, "stage1_inputs": "teacher", "eval_every_tokens": 128,
+            "ckpt_every_tokens": 128, "eval_rows_per_language": 2, "eval_batch_size": 2, "kl_chunk_tokens": 64,
+            "kl_vocab_chunk": None, "gradient_checkpointing": False}
+
+
+@pytest.fixture(scope="module")
+def student(teacher, tmp_path_factory):
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.models.io import save_hybrid
+    from hybridlab.models.registry import load_causal_lm
+
+    out = tmp_path_factory.mktemp("student") / "converted"
+    save_hybrid(convert_to_hybrid(load_causal_lm(str(teacher)), [0], "gdn", seed=0), out)
+    return out
+
+
+def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, teacher, student, tmp_path):
+    params = _distill_params()
+    s1 = jobs.distill(params, stage=1, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+                      work=tmp_path / "w1", out=tmp_path / "stage1")
+    s2 = jobs.distill(params, stage=2, teacher=str(teacher), student=tmp_path / "stage1",
+                      mixture=corpus["mixture"], work=tmp_path / "w2", out=tmp_path / "stage2")
+    for stage, summary in ((1, s1), (2, s2)):
+        out = tmp_path / f"stage{stage}"
+        assert {"config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"} <= {
+            p.name for p in out.iterdir()}
+        assert _published(out) == json.loads(json.dumps(summary))
+        metrics = pl.read_parquet(out / "metrics.parquet")
+        assert set(summary) == {"stage", "steps", "tokens", "trainable_parameters", "train_seconds", "initial",
+                                "final"}
+        assert summary["stage"] == stage and summary["steps"] == 2 and summary["tokens"] == metrics["tokens"][-1] > 0
+        first = metrics.row(0, named=True)
+        assert first["step"] == 0 and first["tokens"] == 0 and metrics["step"].to_list() == [0, 1, 2]
+        assert {k.removeprefix("eval/"): first[k] for k in metrics.columns if k.startswith("eval/")} == pytest.approx(
+            summary["initial"])
+        assert summary["final"] == pytest.approx({k.removeprefix("eval/"): v for k, v in metrics.row(-1, named=True)
+                                                  .items() if k.startswith("eval/")})
+        (work,) = list((tmp_path / f"w{stage}").iterdir())
+        assert json.loads((work / jobs.INITIAL_EVAL_FILE).read_text()) == summary["initial"]
+        extra = json.loads((out / "hybrid.json").read_text())["extra"]
+        assert extra[f"distill_stage{stage}"] == {"teacher": str(teacher), "steps": 2,
+                                                  "tokens": summary["tokens"]}
+    assert "align" in s1["initial"] and "align" not in s2["initial"]
+    assert {"ce", "kl", "ce/eng_Latn", "kl/eng_Latn"} <= set(s2["final"])
+    assert s1["trainable_parameters"] < s2["trainable_parameters"]  # stage 1 trains the mixers only
+
+
+def test_distill_stops_on_nan_heldout_metrics_and_publishes_nothing(corpus, teacher, student, tmp_path,
+                                                                     monkeypatch):
+    from hybridlab.train import distill
+
+    monkeypatch.setattr(distill, "heldout_curve_metrics", lambda *a, **k: {"ce": float("nan"), "kl": float("nan")})
+    with pytest.raises(HybridlabError) as err:
+        jobs.distill(_distill_params(), stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+                     work=tmp_path / "work", out=tmp_path / "out")
+    assert str(err.value) == "stage 2 ended with NaN held-out metrics; lower the lr and rerun with --restart"
+    assert not (tmp_path / "out").exists()
+
+
+# ---- BLD --------------------------------------------------------------------------------------------------------
+
+
+def test_train_bld_sr_publishes_score_checkpoints_and_summary(tmp_path):
+    from hybridlab.data import spaced_retrieval as sr
+
+    cfg = sr.SpacedRetrievalConfig(t=3, gaps=(2, 6), gap_weights=(0.5, 0.5), n_train=32, n_val=8, n_test=8, seed=0)
+    for split in sr.SPLITS:
+        sr.write_split(tmp_path / "data" / f"{split}.parquet", sr.generate_split(cfg, split), split=split, seed=0)
+    params = {"seed": 0, "arm": {"name": "freeze0-0.5", "windows": [[0, 0.5]]}, "mixer": "kda",
+              "pattern": ["mixer", "full_attention"], "score_fractions": [0.5, 1.0],
+              "train": {"model": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                  "head_dim": 8, "intermediate_size": 32},
+                        "steps": 4, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "log_every": 1,
+                        "eval_every": 2, "ckpt_every": 2, "eval_rows_per_gap": 2}}
+    out = tmp_path / "arm"
+    summary = jobs.train_bld_sr(params, data=str(tmp_path / "data"), work=tmp_path / "work", out=out, threads=1)
+    assert _published(out) == json.loads(json.dumps(summary))
+    assert set(summary) == {"arm", "seed", "parameters", "steps", "tokens", "layer_types", "freeze_windows",
+                            "freeze_scope", "recurrent_layers", "optimizer_switch_step", "long_gap_fraction", "test",
+                            "wall_s"}
+    assert summary["steps"] == 4 and summary["freeze_windows"] == [(0, 2)] and summary["layer_types"] == [
+        "kda", "full_attention"]
+    assert set(summary["test"]) == {"acc/gap2", "acc/gap6", "seq_acc/gap2", "seq_acc/gap6"}
+    index = json.loads((out / "score_checkpoints" / "index.json").read_text())
+    assert [(c["step"], c["path"]) for c in index["checkpoints"]] == [
+        (2, "score_checkpoints/step_000002"), (4, "score_checkpoints/step_000004")]
+    assert all((out / c["path"] / "model.safetensors").is_file() for c in index["checkpoints"])
+    metrics = pl.read_parquet(out / "metrics.parquet")
+    assert {"acc/gap2", "seq_acc/gap6", "eval/acc/gap2", "grad_norm/kda"} <= set(metrics.columns)
+
+
+def test_train_bld_nl_publishes_the_arm_with_its_tokenizer(corpus, tmp_path):
+    params = {"seed": 0, "arm": {"name": "gdn-bld", "mixer": "gdn", "size": "xs", "variant": "bld"},
+              "shape": {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2,
+                        "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32},
+              "run": {"context_len": 64, "steps": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_fraction": 0.25,
+                      "eval_every": 2, "eval_rows": 2},
+              "experiment": {"pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+                             "freeze_scope": "block", "optimizer_after_unfreeze": "adamw"}}
+    out = tmp_path / "arm"
+    summary = jobs.train_bld_nl(params, mixture=corpus["mixture"], tokenizer=corpus["tokenizer"],
+                                work=tmp_path / "work", out=out, threads=1)
+    assert _published(out) == json.loads(json.dumps(summary))
+    assert set(summary) == {"arm", "mixer", "size", "variant", "parameters", "steps", "tokens", "context_len",
+                            "freeze_windows", "frozen_parameters", "optimizer_switch_step", "optimizer_after_switch",
+                            "heldout"}
+    assert summary["steps"] == 4 and summary["tokens"] == 4 * 2 * 63 and summary["freeze_windows"] == [(0, 1)]
+    assert summary["frozen_parameters"] > 0 and math.isfinite(summary["heldout"]["ce"])
+    assert {"hybrid.json", "model.safetensors", "tokenizer.json", "metrics.parquet"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "hybrid.json").read_text())["extra"]["arm"] == "gdn-bld"
+
+
+# ---- the thin scripts -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_training_scripts_are_thin_and_their_help_lists_the_params_keys(name):
+    path = ROOT / "workflow_scripts" / f"{name}.py"
+    assert len(path.read_text().splitlines()) <= 45
+    p = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "params keys:" in p.stdout and "seed" in p.stdout and "--work" in p.stdout
