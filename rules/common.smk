@@ -14,7 +14,7 @@ from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, job
 from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
 from hybridlab.plots import figures as _registry
-from hybridlab.train.spaced_retrieval import sr_arm_specs
+from hybridlab.train.arms import sr_arm_specs
 
 try:
     validate(config)

@@ -127,7 +127,8 @@ def test_config_validation():
 
 def test_sr_arm_specs_names_and_windows_by_hand():
     """The study's arms from experiments.bld_sr (what the rules turn into jobs), each a valid SRArm spec."""
-    from hybridlab.train.spaced_retrieval import SRArm, sr_arm_specs
+    from hybridlab.train.arms import sr_arm_specs
+    from hybridlab.train.spaced_retrieval import SRArm
 
     exp = {"freeze_until": [0.05, 0.2], "freeze_windows": [[0.2, 0.1]], "long_gap_fractions": [0.5],
            "freeze_scope": "mixer", "optimizer_after_unfreeze": "muon"}

@@ -19,16 +19,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from hybridlab.errors import HybridlabError
+
+if TYPE_CHECKING:  # tokenizers / transformers load lazily: the Snakefile reads tokenizer_plan at every parse
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
 
 
 def _fast(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT)
 
 
@@ -52,6 +57,8 @@ def train_bpe(
     out_dir = Path(out_path)
     if out_dir.suffix == ".json":
         raise HybridlabError(f"tokenizer: out_path {out_dir} must be a directory (tokenizer.json is written inside it)")
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -95,6 +102,8 @@ def load_tokenizer(path_or_hub_name: str | Path) -> PreTrainedTokenizerFast:
         if path.name.endswith(".json"):
             return _load_file(path)
         raise HybridlabError(f"tokenizer: {path} is a file but not a tokenizer.json; pass its directory or the json file")
+    from transformers import AutoTokenizer
+
     name = str(path_or_hub_name)
     try:
         return AutoTokenizer.from_pretrained(name)
@@ -106,6 +115,8 @@ def load_tokenizer(path_or_hub_name: str | Path) -> PreTrainedTokenizerFast:
 
 
 def _load_file(file: Path) -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer
+
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as err:  # tokenizers raises a bare Exception on malformed json
