@@ -20,9 +20,13 @@ if str(_SRC) not in sys.path:
 from hybridlab.errors import HybridlabError  # noqa: E402
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--params", required=True, help="JSON object of rule parameters")
+def parser(description: str, params: str | None = None) -> argparse.ArgumentParser:
+    """The script's parser with the required `--params`; `--help` shows `description` as written and, when
+    given, `params` (the keys of `--params` the script reads) as the epilog."""
+    p = argparse.ArgumentParser(description=description, epilog=params,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", required=True, help="JSON object of rule parameters (keys: see below)"
+                   if params else "JSON object of rule parameters")
     return p
 
 
@@ -41,6 +45,26 @@ def load_params(text: str) -> dict:
     if not isinstance(params, dict):
         raise HybridlabError("--params must be a JSON object")
     return params
+
+
+def set_threads(threads: int | None) -> None:
+    """`torch.set_num_threads(threads)` unless None (then torch's choice), for a script's --threads."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def write_parquet(frame, path) -> None:
+    """Write a polars table to `path` (parents created) through a temporary file, so a killed job never
+    leaves a truncated table; polars' default writer settings (column statistics kept)."""
+    import os
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp")
+    frame.write_parquet(tmp)
+    os.replace(tmp, out)
 
 
 def _provenance() -> None:

@@ -11,30 +11,23 @@ missing. A user error prints one line to stderr and exits 1.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 
 from _common import run
 
-from hybridlab.data.offline import OfflineCorpusConfig, build_offline_corpus
+from hybridlab.data.offline import build_offline_corpus, corpus_report, load_config
 from hybridlab.data.offline_debs import apt_update_private
-from hybridlab.errors import HybridlabError
 
-
-def _parse_object(text: str, label: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HybridlabError(f"{label} is not valid JSON ({exc.msg} at line {exc.lineno}); fix the JSON object")
-    if not isinstance(value, dict):
-        raise HybridlabError(f"{label} must hold a JSON object of OfflineCorpusConfig fields")
-    return value
+PARAMS = """config keys (OfflineCorpusConfig): parallel_languages, mono_languages, packages (required);
+min_english_words, max_parallel_sentences, max_mono_docs_per_language, sentences_per_doc, english_bible_docs,
+seed, min_parallel_sentences, mono_min_english_words, min_script_fraction"""
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, epilog=PARAMS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config-json", type=Path, help="JSON file holding the OfflineCorpusConfig fields")
     src.add_argument("--params", help="the same JSON object inline")
@@ -44,27 +37,12 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    if args.config_json is not None:
-        try:
-            text = args.config_json.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise HybridlabError(f"cannot read --config-json {args.config_json} ({exc.strerror}); "
-                                 f"pass an existing file")
-        params = _parse_object(text, f"--config-json {args.config_json}")
-    else:
-        params = _parse_object(args.params, "--params")
-    cfg = OfflineCorpusConfig.from_dict(params)
+    cfg = load_config(args.config_json, args.params)
     if args.apt_update:
         apt_update_private(args.cache)
     start = time.perf_counter()
     manifest = build_offline_corpus(cfg, args.cache, args.out)
-    par, mono = manifest["parallel"], manifest["mono"]
-    print(f"offline corpus in {time.perf_counter() - start:.1f}s: parallel {len(par['languages'])} languages x "
-          f"{par['n_sentences']} sentences; mono {len(mono['languages'])} languages, "
-          f"{sum(v['chars'] for v in mono['per_language'].values())} chars -> {args.out}")
-    for kind, missing in manifest["unavailable"].items():
-        for code, reason in missing.items():
-            print(f"  unavailable ({kind}) {code}: {reason}")
+    print("\n".join(corpus_report(manifest, time.perf_counter() - start, args.out)))
 
 
 if __name__ == "__main__":

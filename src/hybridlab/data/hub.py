@@ -309,3 +309,61 @@ def load_pg19(n_books: int, split: str = "test", *, local: str | Path | None = N
         raise HybridlabError(f"PG-19 split {split!r} does not exist; use one of {', '.join(PG19_SPLITS)}")
     return stream_docs("pg19", None, n_books, split=split, id_column="url", lang=ENGLISH, source=f"pg19/{split}",
                        local=local, token=token)
+
+
+# --- the hub presets' corpus rule ------------------------------------------------------------------------
+
+def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = None) -> dict:
+    """Parallel text from FLoRes+ (or the FLORES-200 release) and monolingual text from FineWeb-2 + FineWeb
+    or DCLM, written as the offline builder's files (parallel.parquet, mono.parquet, manifest.json) in
+    `out_dir`, each replaced atomically; returns the manifest.
+
+    `params`: english, parallel_languages, mono_languages, fineweb2_docs_per_language, english_web_docs,
+    optional flores_split (default devtest), english_web (fineweb | dclm, default fineweb) and
+    local_sources ({flores_plus, flores200, fineweb2, fineweb, dclm}: a local copy in the hub's own layout
+    or null, `hybridlab.data.local_sources`; null reads the hub, or its snapshot in the HF cache when
+    HF_HUB_OFFLINE=1). `flores200` set: the parallel text is the FLORES-200 text release. English comes
+    first among the parallel languages; it is never a FineWeb-2 language. `token`: the hub token.
+    """
+    import json
+
+    local = params.get("local_sources") or {}
+    unknown = sorted(set(local) - set(LAYOUTS))
+    if unknown:
+        raise HybridlabError(f"local_sources: unknown dataset keys {unknown}; known: {', '.join(LAYOUTS)}")
+    english = params["english"]
+    split = params.get("flores_split", "devtest")
+    par_langs = [english] + [x for x in params["parallel_languages"] if x != english]
+    if local.get("flores200"):
+        if local.get("flores_plus"):
+            raise HybridlabError("local_sources sets both flores_plus and flores200; keep the one parallel source")
+        parallel = load_flores200(par_langs, split, local=local["flores200"])
+        par_source = str(local["flores200"])
+    else:
+        parallel = load_flores(par_langs, split, local=local.get("flores_plus"), token=token)
+        par_source = str(local.get("flores_plus") or FLORES)
+    web = params.get("english_web", "fineweb")
+    mono = pl.concat([
+        load_fineweb2([x for x in params["mono_languages"] if x != english],
+                      params["fineweb2_docs_per_language"], local=local.get("fineweb2"), token=token),
+        load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token),
+    ])
+    manifest = {
+        "source": "hub",
+        "datasets": {"parallel": par_source, "mono": str(local.get("fineweb2") or FINEWEB2),
+                     "english": str(local.get(web) or HUB_NAMES[web])},
+        "parallel": parallel.group_by("lang").len().sort("lang").rows(),
+        "mono_docs": mono.group_by("lang").len().sort("lang").rows(),
+        "unavailable": {},
+        "config": params,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in (("parallel", parallel), ("mono", mono)):
+        tmp = out / f".{name}.parquet.tmp"
+        df.write_parquet(tmp)
+        tmp.replace(out / f"{name}.parquet")
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp.replace(out / "manifest.json")
+    return manifest

@@ -386,3 +386,38 @@ def _doc_counts(docs: list[dict]) -> dict:
 
 def _stats_dict(stats: Counter) -> dict[str, int]:
     return {k: int(stats.get(k, 0)) for k in ("kept", "duplicate", *REJECT_REASONS)}
+
+
+# ------------------------------------------------------------------------------ the corpus rule's job
+
+def config_from_json(text: str, label: str) -> OfflineCorpusConfig:
+    """The OfflineCorpusConfig of a JSON object `text` (`label` names its origin in errors: a file or --params)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HybridlabError(f"{label} is not valid JSON ({exc.msg} at line {exc.lineno}); fix the JSON object")
+    if not isinstance(value, dict):
+        raise HybridlabError(f"{label} must hold a JSON object of OfflineCorpusConfig fields")
+    return OfflineCorpusConfig.from_dict(value)
+
+
+def load_config(config_json: str | Path | None = None, params: str | None = None) -> OfflineCorpusConfig:
+    """The OfflineCorpusConfig of a JSON file `config_json`, else of the inline JSON object `params`."""
+    if config_json is None:
+        return config_from_json(params or "", "--params")
+    try:
+        text = Path(config_json).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise HybridlabError(f"cannot read --config-json {config_json} ({exc.strerror}); pass an existing file")
+    return config_from_json(text, f"--config-json {config_json}")
+
+
+def corpus_report(manifest: dict, seconds: float, out_dir) -> list[str]:
+    """The lines build_offline_corpus.py prints: what was built, then each unavailable language and why."""
+    par, mono = manifest["parallel"], manifest["mono"]
+    lines = [f"offline corpus in {seconds:.1f}s: parallel {len(par['languages'])} languages x "
+             f"{par['n_sentences']} sentences; mono {len(mono['languages'])} languages, "
+             f"{sum(v['chars'] for v in mono['per_language'].values())} chars -> {out_dir}"]
+    for kind, missing in manifest["unavailable"].items():
+        lines += [f"  unavailable ({kind}) {code}: {reason}" for code, reason in missing.items()]
+    return lines

@@ -320,3 +320,100 @@ def summarise_niah(results: pl.DataFrame) -> pl.DataFrame:
                  pl.col("seconds").mean().alias("seconds"),
                  pl.col("peak_memory_bytes").max().alias("peak_memory_bytes"))
             .sort("lang", "task", "target_tokens"))
+
+
+# --- the NIAH tables of the eval_niah rule ---------------------------------------------------------------
+
+def answer_budgets(tokenizer: Any, examples: Sequence[NiahExample], slack: int) -> list[tuple[list[NiahExample], int]]:
+    """(examples of one task, max_new_tokens) per task, in task order of first appearance: the task's
+    longest expected answer in `tokenizer`'s tokens (values joined by the template's joiner, or the none
+    word, after a space) plus `slack`, so single-value tasks do not pay for the values of multi-value ones."""
+    tpl = NiahTemplate()
+    by_task: dict[str, list] = {}
+    for ex in examples:
+        by_task.setdefault(ex.task, []).append(ex)
+    out = []
+    for task, exs in by_task.items():
+        longest = max(len(tokenizer(" " + (tpl.joiner.join(ex.answers) or ex.none_word),
+                                    add_special_tokens=False)["input_ids"]) for ex in exs)
+        out.append((exs, longest + slack))
+    return out
+
+
+NIAH_SETTINGS = ("prompts", "chat_template", "yarn_factor")
+
+
+def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None = None, log=print
+                ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(per-example table, summary table) of the multilingual needle-in-a-haystack evaluation of every
+    analysis model (the eval_niah rule; workflow_scripts/eval_niah.py documents the columns).
+
+    `mono`: the monolingual corpus (doc_id, lang, text, source), the haystack source with `prompts:
+    project` (unused with `oneruler`). `params`: `models` (`hybridlab.eval.pairs.analysis_models`
+    keyword arguments), `dtype`, `seed` and `niah` = {languages, tasks, context_tokens, examples_per_cell,
+    answer_slack_tokens, optional prompts (project | oneruler, default project), oneruler_dir (with
+    oneruler), chat_template (default false), yarn_factor (default none)}.
+
+    Haystacks are each language's documents in a seeded order split into sentences
+    (`pairs.haystack_sentences`), or OneRULER's books; examples are built once per tokenizer (models
+    sharing one share their examples: `build_niah_suite`) so context lengths are that model's tokens,
+    and decoded greedily per task with the budget of `answer_budgets` (`run_niah`). `chat_template`
+    applies where the tokenizer has one; `yarn_factor` F applies YaRN RoPE scaling (null for NoPE models).
+    The summary has one row per (model, pair, lang, task, context_tokens) with n, accuracy (OOM counts as
+    wrong), score, mean_prompt_tokens, seconds, peak_memory_bytes, memory_kind, oom, oom_rate, then the
+    settings columns prompts, chat_template, yarn_factor.
+    """
+    from hybridlab.eval import pairs
+
+    cfg, seed = params["niah"], params["seed"]
+    prompts, chat, yarn = cfg.get("prompts", "project"), bool(cfg.get("chat_template", False)), cfg.get("yarn_factor")
+    device = device or pairs.analysis_device()
+    oneruler = None
+    if prompts == "oneruler":
+        from hybridlab.eval.oneruler import load_language
+
+        oneruler = {lang: load_language(cfg["oneruler_dir"], lang) for lang in cfg["languages"]}
+        haystacks = {lang: list(o.sentences) for lang, o in oneruler.items()}
+    else:
+        docs = pairs.mono_documents(mono, cfg["languages"], seed)
+        haystacks = {lang: pairs.haystack_sentences(texts) for lang, texts in docs.items()}
+
+    log(f"niah: {cfg['tasks']} x {cfg['context_tokens']} tokens x {cfg['examples_per_cell']} per cell, "
+        f"languages {cfg['languages']}, device {device}")
+    suites: dict[str, list] = {}  # models sharing a tokenizer share their examples
+    tables = []
+    for m in pairs.analysis_models(**params["models"]):
+        t0 = time.perf_counter()
+        model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
+        applied = None
+        if yarn is not None:
+            from hybridlab.models.rope import apply_yarn
+
+            applied = yarn if apply_yarn(model, yarn) is not None else None  # None: a NoPE model
+        settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
+                                 "yarn_factor": [applied]},
+                                schema={"prompts": pl.String, "chat_template": pl.Boolean, "yarn_factor": pl.Float64})
+        if m.tokenizer not in suites:
+            suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
+                                                   n_per_cell=cfg["examples_per_cell"], seed=seed,
+                                                   oneruler=oneruler, chat=chat)
+        rows = pl.concat([run_niah(model, tok, examples, budget, device=device)
+                          for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg["answer_slack_tokens"])])
+        tables.append(pl.DataFrame(pairs.pair_rows(m)).join(settings, how="cross").join(rows, how="cross"))
+        del model
+        log(f"  {m.name}: {rows.height} examples, accuracy {rows['correct'].mean():.3f}, "
+            f"{time.perf_counter() - t0:.1f}s")
+
+    examples = pl.concat(tables).sort("model", "pair", "lang", "task", "target_tokens", "depth")
+    summary = (examples.group_by("model", "pair", "role", "lang", "task", "target_tokens", *NIAH_SETTINGS)
+               .agg(pl.len().alias("n"), pl.col("correct").mean().alias("accuracy"),
+                    pl.col("score").mean(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),
+                    pl.col("seconds").mean(), pl.col("peak_memory_bytes").max(), pl.col("memory_kind").first(),
+                    pl.col("oom").any(), pl.col("oom").mean().alias("oom_rate"))
+               .rename({"target_tokens": "context_tokens"})
+               .sort("model", "pair", "lang", "task", "context_tokens"))
+    # the settings after the measurements (the table's schema order)
+    summary = summary.select([c for c in summary.columns if c not in NIAH_SETTINGS] + list(NIAH_SETTINGS))
+    log(str(summary.group_by("model", "context_tokens").agg(pl.col("accuracy").mean(), pl.col("seconds").mean())
+            .sort("model", "context_tokens")))
+    return examples, summary

@@ -235,3 +235,17 @@ def haystack_sentences(texts: Sequence[str]) -> list[str]:
     """Documents split into sentences: at line breaks, then after sentence-final punctuation."""
     return [s.strip() for text in texts for line in text.splitlines() for s in _SENTENCE_END.split(line)
             if s.strip()]
+
+
+def arm_columns(model_dir, name: str | None = None) -> dict:
+    """{model, mixer, size, variant} of a BLD natural-language arm from its hybrid.json (save_hybrid layout,
+    written by the bld_nl rule): `model` is `name` (default the directory's name), `mixer` the spec's
+    mixer kind, `size` and `variant` the spec's `extra` entries (None when absent)."""
+    from pathlib import Path
+
+    from hybridlab.models.io import read_spec
+
+    spec = read_spec(model_dir)
+    extra = spec.get("extra") or {}
+    return {"model": name if name is not None else Path(model_dir).name, "mixer": spec["mixer_kind"],
+            "size": extra.get("size"), "variant": extra.get("variant")}

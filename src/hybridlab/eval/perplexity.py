@@ -173,3 +173,92 @@ def fraction_of_baseline_tokens(curve_tokens: Sequence[float], curve_loss: Seque
         raise HybridlabError("the baseline reaches the target at 0 tokens; the fraction is undefined")
     mine = tokens_to_reach(curve_tokens, curve_loss, target)
     return None if mine is None else mine / base
+
+
+# --- the perplexity tables of the eval_perplexity rule ---------------------------------------------------
+
+PERPLEXITY_COLUMNS = ["model", "teacher", "placement", "mixer", "seed", "lang", "n_tokens", "ce", "ppl", "kl"]
+TOKENS_COLUMNS = ["teacher", "mixer", "seed", "placement", "metric", "lang", "target", "tokens", "baseline_tokens",
+                  "fraction", "final"]
+ROWS_COLUMNS = ["model", "teacher", "placement", "mixer", "seed", "lang", "row", "n_tokens", "ce", "kl"]
+_PER_ROW_SCHEMA = {"row": pl.Int64, "lang": pl.String, "n_tokens": pl.Int64, "ce": pl.Float64, "kl": pl.Float64}
+
+
+def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device | None = None, log=print
+                      ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(perplexity, tokens_to_baseline, per_row) tables of every teacher and its stage-2 students (the
+    eval_perplexity rule; workflow_scripts/eval_perplexity.py).
+
+    `mixture`: the packed multilingual mixture directory; `params.mixtures` ({teacher: directory}) overrides
+    it per teacher (a teacher and its students read the mixture of the teacher's own tokenizer).
+    `params`: `teachers` ({name: model directory}), `students` (dicts with teacher, placement, mixer, dir,
+    optional seed), `rows_per_language`, `batch_size`, `baseline_placement`, optional `mixtures`. On CUDA
+    (the default device when there is one) models run in bfloat16, else float32.
+
+    - perplexity: one row per model x language of CE / perplexity / KL-to-teacher (`evaluate_perplexity`)
+      on the first `rows_per_language` held-out rows of each language, plus a lang="all" row per model
+      pooled over every token (`train.distill.with_overall`), in the columns PERPLEXITY_COLUMNS; teacher
+      rows have null placement, mixer, seed and kl; teachers in name order, each followed by its students.
+    - tokens_to_baseline: per teacher x mixer x seed, the stage-2 held-out curves (`metrics.parquet` of
+      each student directory) of every placement against the same seed's baseline placement's final
+      value (`train.distill.tokens_to_baseline`), for ce and kl, pooled and per language (TOKENS_COLUMNS).
+    - per_row: one row per model x held-out row with the row's token-mean ce and kl (ROWS_COLUMNS); every
+      model of one teacher is scored on the same rows, so placements and seeds are paired on `row`.
+    """
+    from pathlib import Path
+
+    from hybridlab.data.packing import PackedDataset
+    from hybridlab.models.registry import load_causal_lm
+    from hybridlab.train import distill
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tables, token_tables, row_tables = [], [], []
+
+    def run(model, ids, langs, name, teacher_model=None, **cols):
+        per_row = []
+        table = evaluate_perplexity(model, ids, langs, model_name=name, teacher=teacher_model,
+                                    batch_size=params["batch_size"], device=device, per_row=per_row)
+        row_tables.append(pl.DataFrame(per_row, schema=_PER_ROW_SCHEMA)
+                          .with_columns(model=pl.lit(name), **{k: pl.lit(v) for k, v in cols.items()}))
+        return distill.with_overall(table)
+
+    for teacher_name, teacher_path in sorted(params["teachers"].items()):
+        teacher_mixture = params.get("mixtures", {}).get(teacher_name, mixture)
+        ids, langs = distill.heldout_rows(PackedDataset(teacher_mixture, "val"), params["rows_per_language"])
+        log(f"{teacher_name}: {ids.shape[0]} held-out rows of {ids.shape[1]} tokens in {len(set(langs))} "
+            f"languages of {teacher_mixture}")
+        teacher = distill.freeze(load_causal_lm(teacher_path, dtype=dtype)).to(device)
+        t = run(teacher, ids, langs, teacher_name, teacher=teacher_name, placement=None, mixer=None, seed=None)
+        tables.append(t.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(None, pl.String),
+                                     mixer=pl.lit(None, pl.String), seed=pl.lit(None, pl.Int64)))
+        log(f"{teacher_name}: held-out CE {t['ce'][-1]:.4f}")
+        students = [s for s in params["students"] if s["teacher"] == teacher_name]
+        for s in students:
+            seed = s.get("seed")
+            student = load_causal_lm(s["dir"], dtype=dtype).to(device)
+            table = run(student, ids, langs, f"{teacher_name}/{s['placement']}-{s['mixer']}", teacher,
+                        teacher=teacher_name, placement=s["placement"], mixer=s["mixer"], seed=seed)
+            tables.append(table.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(s["placement"]),
+                                             mixer=pl.lit(s["mixer"]), seed=pl.lit(seed, pl.Int64)))
+            log(f"  {s['placement']}-{s['mixer']} seed {seed}: CE {table['ce'][-1]:.4f}  KL {table['kl'][-1]:.4f}")
+            del student
+        for mixer, seed in sorted({(s["mixer"], s.get("seed")) for s in students}, key=str):
+            curves = {s["placement"]: pl.read_parquet(Path(s["dir"]) / "metrics.parquet")
+                      for s in students if s["mixer"] == mixer and s.get("seed") == seed}
+            tb = distill.tokens_to_baseline(curves, params["baseline_placement"])
+            token_tables.append(tb.with_columns(teacher=pl.lit(teacher_name), mixer=pl.lit(mixer),
+                                                seed=pl.lit(seed, pl.Int64)))
+        del teacher
+    if not tables:
+        raise HybridlabError("no teacher to evaluate; params.teachers is empty")
+
+    ppl = pl.concat(tables).select(PERPLEXITY_COLUMNS)
+    tokens = pl.concat(token_tables).select(TOKENS_COLUMNS)
+    rows = pl.concat(row_tables, how="diagonal_relaxed").with_columns(
+        pl.col("seed").cast(pl.Int64), pl.col("placement").cast(pl.String), pl.col("mixer").cast(pl.String)
+    ).select(ROWS_COLUMNS)
+    for row in tokens.filter(pl.col("lang") == distill.ALL_LANGS).iter_rows(named=True):
+        log(f"{row['teacher']} {row['mixer']} seed {row['seed']} {row['placement']:>22} {row['metric']}: "
+            f"fraction of baseline tokens {row['fraction']}")
+    return ppl, tokens, rows

@@ -295,3 +295,104 @@ def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window
                               ppl=math.exp(float(long_NP.double().mean())), long_ppl=long_ppl(long_NP, mask),
                               n_tokens=long_NP.numel(), n_key_tokens=int(mask.sum()),
                               long_nll=long_NP, key_mask=mask)
+
+
+# --- the position-loss tables of the eval_position_loss rule ---------------------------------------------
+
+BUCKET_COLUMNS = ["model", "mixer", "size", "variant", "bucket_lo", "bucket_hi", "n_tokens", "mean_loss"]
+SUMMARY_SCHEMA = {"model": pl.String, "mixer": pl.String, "size": pl.String, "variant": pl.String,
+                  "documents": pl.String, "n_source_docs": pl.Int64, "n_short_docs": pl.Int64, "n_docs": pl.Int64,
+                  "doc_len": pl.Int64, "n_tokens": pl.Int64, "ppl": pl.Float64, "evaluator": pl.String,
+                  "n_key_tokens": pl.Int64, "long_ppl": pl.Float64, "short_window": pl.Int64,
+                  "threshold": pl.Float64, "ppl_lo": pl.Float64, "ppl_hi": pl.Float64, "long_ppl_lo": pl.Float64,
+                  "long_ppl_hi": pl.Float64}
+
+
+def position_loss_documents(cfg: dict, *, mixture: str | None = None, tokenizer: str | None = None,
+                            pg19_local: str | None = None) -> list:
+    """The token documents of `cfg["documents"]`: `mixture_val`, the held-out documents of the packed English
+    mixture directory `mixture` (split at its EOS id); else the texts of `long_documents` (`kjv_books`,
+    `pg19`: `n_docs` books of `pg19_split`, default test, from `pg19_local` or the hub) tokenised with
+    the tokenizer directory `tokenizer` (no special tokens, as the packed mixtures)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    if cfg["documents"] == "mixture_val":
+        from hybridlab.data.packing import documents_from_stream, val_stream
+
+        stats = json.loads((Path(mixture) / "stats.json").read_text())
+        return documents_from_stream(val_stream(str(mixture)), stats["eos_id"])
+    from hybridlab.data.tokenizer import load_tokenizer
+
+    texts = long_documents(cfg["documents"], n_docs=cfg["n_docs"], pg19_split=cfg.get("pg19_split", "test"),
+                           pg19_local=pg19_local or None)
+    tok = load_tokenizer(str(tokenizer))
+    ids = tok([t for _, t in texts], add_special_tokens=False)["input_ids"]
+    return [np.asarray(doc, dtype=np.int64) for doc in ids]
+
+
+def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None = None,
+                         tokenizer: str | None = None, pg19_local: str | None = None, log=print
+                         ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(per-bucket table, per-model summary) of every BLD natural-language arm directory in `models` (the
+    eval_position_loss rule; workflow_scripts/eval_position_loss.py).
+
+    `params`: `seed`, optional `dtype` (default float32) and `device` (default cpu), and `position_loss` =
+    {documents (kjv_books | pg19 | mixture_val: `position_loss_documents`), n_docs, doc_len, evaluator (the
+    name of one arm directory), short_window, short_stride, threshold, optional min_long_logprob, scheme,
+    optional width, batch_size, optional pg19_split}. Windows of `doc_len` tokens lie inside one document
+    each (`document_windows`), the first `n_docs` are scored; the key tokens of LongPPL come from the
+    evaluator arm for every arm (`key_tokens`), so all arms are scored on the same tokens.
+
+    Buckets: one row per arm x bucket in BUCKET_COLUMNS (arm columns from `pairs.arm_columns`). Summary:
+    one row per arm in SUMMARY_SCHEMA: documents, n_source_docs (documents read), n_short_docs (of them
+    shorter than doc_len, so unused), n_docs (windows), doc_len, n_tokens, ppl, evaluator, n_key_tokens
+    (the evaluator's, the same for every arm), long_ppl, short_window, threshold and ppl_lo, ppl_hi,
+    long_ppl_lo, long_ppl_hi (95 % percentile bootstrap over the windows, 1,000 replicates, seed `seed`:
+    `window_bootstrap`).
+    """
+    from pathlib import Path
+
+    from hybridlab.eval.pairs import arm_columns
+    from hybridlab.models.registry import load_causal_lm
+
+    c = params["position_loss"]
+    models = [str(d) for d in models]
+    names = [Path(d).name for d in models]
+    if c["evaluator"] not in names:
+        raise HybridlabError(f"position_loss.evaluator {c['evaluator']!r} is not one of the arms ({', '.join(names)}); "
+                             "set it to the arm whose key tokens score every arm")
+    docs = position_loss_documents(c, mixture=mixture, tokenizer=tokenizer, pg19_local=pg19_local)
+    windows, n_short = document_windows(docs, c["doc_len"], c["n_docs"])
+    log(f"{windows.shape[0]} windows of {c['doc_len']} tokens inside single documents ({c['documents']}: "
+        f"{len(docs)} documents, {n_short} shorter than a window)")
+
+    def load(model_dir):
+        return load_causal_lm(model_dir, dtype=params.get("dtype", "float32"), device_map=params.get("device", "cpu"))
+
+    opts = dict(short_window=c["short_window"], short_stride=c["short_stride"], threshold=c["threshold"],
+                min_long_logprob=c.get("min_long_logprob"), batch_size=c["batch_size"])
+    evaluator = load(models[names.index(c["evaluator"])])
+    keys = key_tokens(evaluator, windows, **opts)
+    del evaluator
+    log(f"evaluator {c['evaluator']}: {keys.n_key_tokens} key tokens of {keys.mask.numel()}")
+
+    buckets, summary = [], []
+    for model_dir, name in zip(models, names):
+        meta = arm_columns(model_dir, name)
+        res = run_position_loss(load(model_dir), windows, scheme=c["scheme"], width=c.get("width"), key_mask=keys,
+                                **opts)
+        buckets.append(res.buckets.with_columns([pl.lit(meta[k]).cast(pl.String).alias(k) for k in meta]))
+        summary.append({**meta, "documents": c["documents"], "n_source_docs": len(docs), "n_short_docs": n_short,
+                        "n_docs": int(windows.shape[0]), "doc_len": c["doc_len"], "n_tokens": res.n_tokens,
+                        "ppl": res.ppl, "evaluator": c["evaluator"], "n_key_tokens": res.n_key_tokens,
+                        "long_ppl": res.long_ppl, "short_window": c["short_window"], "threshold": c["threshold"],
+                        **dict(zip(("ppl_lo", "ppl_hi", "long_ppl_lo", "long_ppl_hi"),
+                                   sum(window_bootstrap(res.long_nll, res.key_mask, seed=params["seed"]), ())))})
+        first, last = res.buckets["mean_loss"][0], res.buckets["mean_loss"][-1]
+        lp = "none" if res.long_ppl is None else f"{res.long_ppl:.2f}"
+        log(f"{name}: loss {first:.3f} (first bucket) -> {last:.3f} (last), ppl {res.ppl:.2f}, "
+            f"LongPPL {lp} over the evaluator's {res.n_key_tokens} key tokens")
+    return pl.concat(buckets).select(BUCKET_COLUMNS), pl.DataFrame(summary, schema=SUMMARY_SCHEMA)

@@ -158,3 +158,50 @@ def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | tor
             rows += [{"layer": layer, "head": h, "window": w, "mass": float(mass_H[h]),
                       "mean_distance": float(dist_H[h])} for h in range(mass_H.shape[0])]
     return pl.DataFrame(rows, schema=ROW_SCHEMA)
+
+
+# --- the recency table of the eval_recency rule ----------------------------------------------------------
+
+RECENCY_COLUMNS = ["model", "pair", "role", "lang", "layer", "head", "window", "mass", "mean_distance",
+                   "n_sequences", "input_tokens"]
+
+
+def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None, log=print) -> pl.DataFrame:
+    """Attention-recency table of every analysis model (the eval_recency rule; workflow_scripts/eval_recency.py).
+
+    `mono`: the monolingual corpus (doc_id, lang, text, source). `params`: `models`
+    (`hybridlab.eval.pairs.analysis_models` keyword arguments), `dtype`, `seed` and `recency` = {languages,
+    n_sequences, input_tokens, windows, batch_size}. For every model (loaded once, eager attention) and
+    language, `n_sequences` documents (seeded order, the first with at least `input_tokens` tokens in the
+    model's tokenizer: `pairs.token_windows`) are cut to `input_tokens` tokens and every full-attention
+    layer's heads give `attention_recency`. One row per (model, pair, lang, layer, head, window) in
+    RECENCY_COLUMNS, sorted by model, pair, lang, layer, head, window. A model without an FA layer is an error.
+    """
+    import time
+
+    from hybridlab.eval import pairs
+
+    cfg = params["recency"]
+    device = device or pairs.analysis_device()
+    docs = pairs.mono_documents(mono, cfg["languages"], params["seed"])
+    log(f"recency: {cfg['n_sequences']} x {cfg['input_tokens']} tokens per language {cfg['languages']}, "
+        f"windows {cfg['windows']}, device {device}")
+    tables = []
+    for m in pairs.analysis_models(**params["models"]):
+        t0 = time.perf_counter()
+        model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device, eager_attention=True)
+        fa = pairs.fa_layers(model)
+        if not fa:
+            raise HybridlabError(f"model {m.name} has no full-attention layer; attention recency needs one")
+        for lang, texts in docs.items():
+            seqs = pairs.token_windows(tok, texts, cfg["n_sequences"], cfg["input_tokens"], lang)
+            df = attention_recency(model, seqs, fa, cfg["windows"], device=device, batch_size=cfg["batch_size"])
+            df = df.with_columns(pl.lit(lang).alias("lang"), pl.lit(len(seqs)).alias("n_sequences"),
+                                 pl.lit(cfg["input_tokens"]).alias("input_tokens"))
+            tables.append(pl.DataFrame(pairs.pair_rows(m)).join(df, how="cross"))
+        del model
+        log(f"  {m.name}: FA layers {fa}, {time.perf_counter() - t0:.1f}s")
+    table = pl.concat(tables).select(RECENCY_COLUMNS).sort("model", "pair", "lang", "layer", "head", "window")
+    log(str(table.group_by("model", "window").agg(pl.col("mass").mean(), pl.col("mean_distance").mean())
+            .sort("model", "window")))
+    return table

@@ -401,3 +401,59 @@ def analyse_retrieval_heads(model: nn.Module, train_examples: dict[str, torch.Te
                                                               batch_size=2 * cfg.micro_batch_size)
     finally:
         gates.remove()
+
+
+# --- the retrieval-head tables of the eval_retrieval_heads rule ------------------------------------------
+
+def retrieval_heads_tables(models, params: dict, *, mixture, tokenizer, work, log=print
+                           ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(alpha table, masking curve) of every BLD natural-language arm directory in `models` (the
+    eval_retrieval_heads rule; workflow_scripts/eval_retrieval_heads.py).
+
+    Passkey examples are built from the held-out English text of the packed English mixture directory
+    `mixture` (its val rows, contiguous text) with the tokenizer directory `tokenizer`: `n_train` to train
+    the gates (seed `seed`), `n_test` (seed `seed` + 1: other haystack slices and keys) for the masking
+    curve; the same examples for every arm. `params`: `seed`, optional `dtype` (default float32) and
+    `device` (default cpu), `retrieval_heads` = {sink, recent, steps, micro_batch_size, lr, l1, context_len,
+    n_digits, n_train, n_test}. Each arm's gate training runs in `work`/<arm name>; torch is seeded with
+    `seed` before each arm is loaded.
+
+    Alpha: model, layer, kv_head, alpha, mixer, size, variant. Curve: model, n_masked, frac_masked,
+    masked_layer, masked_kv_head, masked_alpha, accuracy, token_accuracy, answer_nll, mixer, size,
+    variant, n (the test examples behind each accuracy). Arm columns: `pairs.arm_columns`.
+    """
+    from pathlib import Path
+
+    from hybridlab.data.tokenizer import load_tokenizer
+    from hybridlab.eval.pairs import arm_columns
+    from hybridlab.models.registry import load_causal_lm
+    from hybridlab.data.packing import val_stream
+
+    cfg_in, seed = params["retrieval_heads"], params["seed"]
+    duo = DuoConfig(sink=cfg_in["sink"], recent=cfg_in["recent"], steps=cfg_in["steps"],
+                    micro_batch_size=cfg_in["micro_batch_size"], lr=cfg_in["lr"], l1=cfg_in["l1"], seed=seed)
+    tok = load_tokenizer(str(tokenizer))
+    hay = val_stream(str(mixture))
+    common = dict(context_len=cfg_in["context_len"], n_digits=cfg_in["n_digits"], sink=duo.sink, recent=duo.recent)
+    train_ex = make_passkey_examples(tok, hay, n=cfg_in["n_train"], seed=seed, **common)
+    test_ex = make_passkey_examples(tok, hay, n=cfg_in["n_test"], seed=seed + 1, **common)
+    log(f"passkey: {cfg_in['n_train']} train / {cfg_in['n_test']} test examples of {cfg_in['context_len']} "
+        f"tokens; streaming = {duo.sink} sink + {duo.recent} recent tokens")
+
+    alpha_tables, curves = [], []
+    for model_dir in map(str, models):
+        name = Path(model_dir).name
+        meta = arm_columns(model_dir, name)
+        torch.manual_seed(seed)
+        model = load_causal_lm(model_dir, dtype=params.get("dtype", "float32"), device_map=params.get("device", "cpu"))
+        alphas, curve = analyse_retrieval_heads(model, train_ex, test_ex, duo, model_name=name,
+                                                out_dir=str(Path(work) / name))
+        extra = [pl.lit(meta[k]).cast(pl.String).alias(k) for k in ("mixer", "size", "variant")]
+        alpha_tables.append(alphas.with_columns(extra))
+        # n: the passkey test examples behind each accuracy (the figure's Wilson intervals)
+        curves.append(curve.with_columns(*extra, n=pl.lit(int(test_ex["input_ids"].shape[0]), pl.Int64)))
+        full, masked = curve["accuracy"][0], curve["accuracy"][-1]
+        log(f"{name}: alpha {[round(a, 3) for a in alphas['alpha'].to_list()]}; passkey accuracy "
+            f"{full:.3f} full -> {masked:.3f} all heads streaming; answer NLL {curve['answer_nll'][0]:.3f} -> "
+            f"{curve['answer_nll'][-1]:.3f}")
+    return pl.concat(alpha_tables), pl.concat(curves)

@@ -200,3 +200,57 @@ def retrieval_scores(
             })
     return pl.DataFrame(rows, schema=SCHEMA)
 
+
+
+# --- the retrieval-score table of the eval_retrieval_score rule ------------------------------------------
+
+ARM_COLUMNS = ["arm", "seed", "step", "fraction", "long_gap_fraction"]
+
+
+def retrieval_score_table(arms, test: str, params: dict, *, device: str | None = None, log=print) -> pl.DataFrame:
+    """Layer Retrieval Ability Score of every BLD Spaced Retrieval arm directory in `arms`, per score
+    checkpoint, layer and gap (the eval_retrieval_score rule; workflow_scripts/eval_retrieval_score.py).
+
+    Each arm's `score_checkpoints/index.json` (written by the bld_sr rule: arm, seed, long_gap_fraction,
+    checkpoints [{path, step, fraction}]) lists its checkpoints; each is scored with `retrieval_scores` on
+    the A/B pairs (`make_ab_pairs`, seed `seed`) of the first `max_examples_per_gap` test examples per gap
+    of the split `test`. `params`: seed, max_examples_per_gap, batch_size, min_denominator, optional
+    positions (default answer_predicting). Columns: arm, seed (the arm's replicate seed), step, fraction,
+    long_gap_fraction, then those of `retrieval_scores` (layer, layer_type, gap, positions, score, n,
+    items, margin_clean, margin_patched, margin_b); sorted by arm, seed, step, gap, layer.
+    """
+    import json
+    from pathlib import Path
+
+    from hybridlab.models.io import load_hybrid
+    from hybridlab.train.spaced_retrieval import take_per_gap
+
+    test_split = take_per_gap(sr.read_split(test), params["max_examples_per_gap"])
+    records_a, records_b = sr.make_ab_pairs(test_split, params["seed"])
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    frames = []
+    for arm_dir in map(Path, arms):
+        index_path = arm_dir / "score_checkpoints" / "index.json"
+        if not index_path.is_file():
+            raise HybridlabError(f"{index_path} is missing; rebuild the arm with the bld_sr rule")
+        index = json.loads(index_path.read_text())
+        for ck in index["checkpoints"]:
+            model = load_hybrid(arm_dir / ck["path"], device=device)
+            rows = retrieval_scores(model, records_a, records_b, batch_size=params["batch_size"],
+                                    min_denominator=params["min_denominator"],
+                                    positions=params.get("positions", "answer_predicting"))
+            frames.append(rows.with_columns(
+                pl.lit(index["arm"]).alias("arm"), pl.lit(index.get("seed"), pl.Int64).alias("seed"),
+                pl.lit(ck["step"], pl.Int64).alias("step"),
+                pl.lit(ck["fraction"], pl.Float64).alias("fraction"),
+                pl.lit(index["long_gap_fraction"], pl.Float64).alias("long_gap_fraction")))
+            what = f"{index['arm']} seed {index.get('seed')} step {ck['step']}"
+            defined = rows.filter(pl.col("score").is_not_nan())
+            if defined.is_empty():
+                log(f"{what}: score undefined (the model does not tell A from B yet)")
+            else:
+                best = defined.sort("score", descending=True).row(0, named=True)
+                log(f"{what}: top layer {best['layer']} ({best['layer_type']}, gap {best['gap']}) "
+                    f"score {best['score']:.3f}")
+    table = pl.concat(frames).select(ARM_COLUMNS + [c for c in frames[0].columns if c not in ARM_COLUMNS])
+    return table.sort(["arm", "seed", "step", "gap", "layer"])

@@ -805,3 +805,52 @@ def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.Dat
 from hybridlab.plots import findings as _findings  # noqa: E402  (imports this module's functions at call time)
 
 _TABLE_SIGNATURES = {"table_findings": _findings.findings_table}
+
+
+# --- the figure and table outputs of the figures rules ---------------------------------------------------
+
+def read_tables(items: list[str]) -> dict[str, pl.DataFrame]:
+    """`NAME=PATH` / `NAME/RUN=PATH` items (make_figure.py's --tables) -> {table: DataFrame}.
+
+    NAME=PATH reads one parquet table; NAME/RUN=PATH, NAME one of RUN_TABLES, reads one training log per
+    run, and the runs of NAME are concatenated into one table with a `run` column (`concat_runs`)."""
+    plain, runs = {}, {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise HybridlabError(f"--tables item '{item}' is not NAME=PATH")
+        if not Path(path).is_file():
+            raise HybridlabError(f"table file {path} (for '{name}') does not exist; build its rule first")
+        table, slash, run = name.partition("/")
+        if slash:
+            if table not in RUN_TABLES:
+                raise HybridlabError(f"'{name}': only {list(RUN_TABLES)} take per-run files (NAME/RUN=PATH)")
+            runs.setdefault(table, {})[run] = pl.read_parquet(path)
+        else:
+            if name in plain:
+                raise HybridlabError(f"table '{name}' given twice in --tables")
+            plain[name] = pl.read_parquet(path)
+    for table, frames in runs.items():
+        plain[table] = concat_runs(frames)
+    return plain
+
+
+def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: dict | None = None, *,
+                   out_png=None, out_pdf=None, out_csv=None, out_md=None) -> str:
+    """Render the figure (PNG + PDF, byte-stable: `hybridlab.plots.style.save_all`) or the table (CSV +
+    Markdown: `write_table`) `name` from `tables`; returns a one-line report. A table takes
+    `params["baseline_placement"]` as its `baseline` when it has that parameter."""
+    params = params or {}
+    if name in TABLES:
+        if not (out_csv and out_md):
+            raise HybridlabError(f"table '{name}' needs --out-csv and --out-md")
+        kwargs = {"baseline": params["baseline_placement"]} if "baseline_placement" in params else {}
+        df = render_table(name, tables, **kwargs)
+        write_table(df, out_csv, out_md)
+        return f"{name}: {df.height} rows -> {out_csv}, {out_md}"
+    if not (out_png and out_pdf):
+        raise HybridlabError(f"figure '{name}' needs --out-png and --out-pdf")
+    from hybridlab.plots.style import save_all
+
+    save_all(render(name, tables), out_png, out_pdf)
+    return f"{name} -> {out_png}, {out_pdf}"
