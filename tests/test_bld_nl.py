@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridlab.data.packing import documents_from_stream
 from hybridlab.errors import HybridlabError
 from hybridlab.train import bld_nl
 
@@ -214,6 +215,6 @@ def test_joined_rows_concatenate_consecutive_rows():
 
 def test_documents_from_stream_by_hand():
     stream = np.array([5, 6, 7, 0, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 0, 3])
-    docs = bld_nl.documents_from_stream(stream, eos_id=0)
+    docs = documents_from_stream(stream, eos_id=0)
     assert [d.tolist() for d in docs] == [[5, 6, 7], [8, 9], [1, 2, 3, 4, 5, 6, 7], [3]]
 

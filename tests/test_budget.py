@@ -107,13 +107,12 @@ def test_max_id_scanned_when_stats_lack_it(tmp_path):
 
 def test_english_mixture_streams_until_the_bld_nl_budget(tmp_path):
     """pack_mixture.py with `stream`: a local DCLM-layout directory is read until the largest arm's budget
-    (counted with the tokenizer's vocabulary) is packed, and bld_nl_need_tokens matches training's count."""
+    (counted with the tokenizer's vocabulary) is packed, and bld_nl.bld_nl_need_tokens matches training's count."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    from hybridlab.data.budget import bld_nl_need_tokens
     from hybridlab.data.tokenizer import train_bpe
     from hybridlab.train import bld_nl
 
@@ -128,7 +127,7 @@ def test_english_mixture_streams_until_the_bld_nl_budget(tmp_path):
              "head_dim": 8, "intermediate_size": 32}
     run = {"context_len": 64, "tokens_per_param": 1, "micro_batch_size": 2, "lr": 1e-3}
     exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"]}
-    need = bld_nl_need_tokens({"xs": shape}, run, exp, vocab_size=len(tok))
+    need = bld_nl.bld_nl_need_tokens({"xs": shape}, run, exp, vocab_size=len(tok))
     model = bld_nl.build_nope_hybrid(shape, pattern=exp["pattern"], mixer="gdn", vocab_size=len(tok), context_len=64,
                                      eos_id=0, seed=0)
     assert need == {"gdn-xs": bld_nl.total_steps(run, bld_nl.count_parameters(model)) * 2 * 64}

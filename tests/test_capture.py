@@ -12,7 +12,8 @@ from transformers import (
 )
 
 from hybridlab.errors import HybridlabError
-from hybridlab.eval.capture import capture_hidden_states, find_mixer_sites
+from hybridlab.eval.capture import capture_hidden_states
+from hybridlab.models.sites import find_mixer_sites
 
 SMALL = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
 

@@ -304,7 +304,7 @@ def test_tokens_to_baseline_against_hand_interpolation():
 def test_with_overall_pools_languages_by_tokens():
     import polars as pl
 
-    from hybridlab.eval.perplexity import ROW_SCHEMA
+    from hybridlab.train.heldout import ROW_SCHEMA
 
     t = pl.DataFrame([{"model": "m", "lang": "a", "n_tokens": 10, "ce": 1.0, "ppl": 2.718, "kl": 0.1},
                       {"model": "m", "lang": "b", "n_tokens": 30, "ce": 2.0, "ppl": 7.389, "kl": 0.5}],

@@ -216,7 +216,7 @@ def _qwen(vocab=512):
 
 
 def test_causal_lm_task_and_heldout_ce_chunked_match_full_logits_and_never_build_them():
-    from hybridlab.eval.perplexity import evaluate_perplexity
+    from hybridlab.train.heldout import evaluate_perplexity
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language
 
     model, teacher = _qwen(), copy_with_noise(_qwen())

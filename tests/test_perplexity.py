@@ -6,13 +6,8 @@ import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
-from hybridlab.eval.perplexity import (
-    evaluate_perplexity,
-    fraction_of_baseline_tokens,
-    token_kl,
-    token_nll,
-    tokens_to_reach,
-)
+from hybridlab.eval.perplexity import token_kl, token_nll
+from hybridlab.train.heldout import evaluate_perplexity, fraction_of_baseline_tokens, tokens_to_reach
 
 
 class Bigram(nn.Module):

@@ -95,25 +95,3 @@ def check_train_data(mixture_dir: str | Path, model, *, what: str, need_tokens: 
     passes = check_budget(what, need_tokens, int(read_stats(mixture_dir)["train_tokens"]), epochs=epochs,
                           why=why, fix=fix)
     print(f"{what}: {_sci(need_tokens)} tokens = {passes:.2f} passes over the mixture's train tokens")
-
-
-def bld_nl_need_tokens(sizes: dict, run: dict, experiment: dict, vocab_size: int) -> dict[str, int]:
-    """Tokens each BLD-NL (size, mixer) consumes: updates x sequences per update x context_len.
-
-    Parameters are counted exactly as training counts them (`hybridlab.train.bld_nl.count_parameters`,
-    tied embedding once), on models built on the meta device (no memory, ~0.1 s each).
-    """
-    import torch
-
-    from hybridlab.train import bld_nl
-
-    per_step = run["micro_batch_size"] * run.get("grad_accum", 1) * run["context_len"]
-    need = {}
-    for size, shape in sizes.items():
-        for mixer in experiment["mixers"]:
-            with torch.device("meta"):
-                model = bld_nl.build_nope_hybrid(shape, pattern=experiment["pattern"], mixer=mixer,
-                                                 vocab_size=vocab_size, context_len=run["context_len"], eos_id=0,
-                                                 seed=0)
-            need[f"{mixer}-{size}"] = bld_nl.total_steps(run, bld_nl.count_parameters(model)) * per_step
-    return need

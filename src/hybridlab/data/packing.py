@@ -525,6 +525,20 @@ class PackedDataset(torch.utils.data.Dataset):
         return np.asarray(self._starts[self._offsets[r]:self._offsets[r + 1]], dtype=np.int64)
 
 
+def val_stream(mixture_dir: str | Path) -> np.ndarray:
+    """The English val rows of a packed mixture concatenated: contiguous text in document order."""
+    val = PackedDataset(mixture_dir, "val")
+    return np.concatenate([np.asarray(val.tokens[r], dtype=np.int64) for r in val.rows])
+
+
+def documents_from_stream(stream: np.ndarray, eos_id: int) -> list[np.ndarray]:
+    """Split a token stream at EOS (packing writes `doc EOS doc EOS ...`); empty pieces dropped."""
+    cuts = np.flatnonzero(stream == eos_id)
+    pieces = np.split(stream, cuts)
+    docs = [p[1:] if len(p) and p[0] == eos_id else p for p in pieces]
+    return [d for d in docs if len(d)]
+
+
 def check_row_blocks(rows: PackedDataset, k: int, what: str) -> None:
     """One-line error unless sequences of `k` joined rows stay inside the packer's blocks (contiguous text)."""
     if k > 1 and rows.block_rows % k:
@@ -567,62 +581,3 @@ def document_causal_mask(starts: Sequence[int], length: int) -> np.ndarray:
     """Bool [length, length]: query i may attend to key j iff j <= i and both lie in one segment."""
     seg = np.repeat(np.arange(len(segment_lengths(starts, length))), segment_lengths(starts, length))
     return (seg[:, None] == seg[None, :]) & np.tri(length, dtype=bool)
-
-
-# --- the mixture rule's job --------------------------------------------------------------------------------
-
-def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
-                     log=print) -> dict:
-    """Tokenise and pack one training mixture into `out` (the mixture rule); returns its stats.
-
-    Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture` with `params`
-    english, languages (English is always in; languages the corpus has no text for are reported through
-    `log` and left out; none left: English only), english_share, seq_len, total_tokens, val_fraction,
-    seed, optional block_rows (default 1). With params `stream` ({source: fineweb | dclm, optional path: a
-    local copy in the hub's layout}, hub presets, the English mixture) the web source is streamed instead
-    (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed: params `bld_nl`
-    ({sizes, run, experiment}, counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's
-    vocabulary, divided by run.epochs). The hub token comes from HF_TOKEN.
-    """
-    from hybridlab.data.tokenizer import load_tokenizer
-
-    if params.get("stream"):
-        return _pack_english_stream(params, load_tokenizer(str(tokenizer)), out, log)
-    english = params["english"]
-    corpus = pl.read_parquet(mono)
-    available = set(corpus["lang"].unique().to_list())
-    wanted = [lang for lang in params["languages"] if lang != english]
-    missing = [lang for lang in wanted if lang not in available]
-    if missing:  # reported, not silently dropped
-        log(f"warning: no monolingual text for {missing}; the mixture uses the other languages "
-            f"(see the corpus manifest)")
-    languages = [lang for lang in wanted if lang in available]
-    mixture = pack_mixture(corpus, load_tokenizer(str(tokenizer)), languages=languages,
-                           english_share=params["english_share"] if languages else 1.0,
-                           seq_len=params["seq_len"], total_tokens=params["total_tokens"],
-                           val_fraction=params["val_fraction"], seed=params["seed"],
-                           block_rows=params.get("block_rows", 1))
-    write_packed(out, mixture)
-    log(json.dumps(mixture.stats, indent=1)[:4000])
-    return mixture.stats
-
-
-def _pack_english_stream(params: dict, tok, out, log) -> dict:
-    """BLD-NL's English mixture at hub presets: stream the web source until the largest arm's budget is packed."""
-    from hybridlab.data import hub
-    from hybridlab.train.bld_nl import bld_nl_need_tokens
-
-    stream, bld = params["stream"], params["bld_nl"]
-    need = bld_nl_need_tokens(bld["sizes"], bld["run"], bld["experiment"], vocab_size=len(tok))
-    epochs = bld["run"].get("epochs") or 1
-    train_tokens = -(-max(need.values()) // epochs)
-    log(f"BLD-NL budgets (tokens): {need}; packing {train_tokens} train tokens ({epochs} epoch(s) of the largest)")
-    config = {"dclm": None, "fineweb": hub.FINEWEB_CONFIG}[stream["source"]]
-    # `path`: a local copy in the hub's layout (config local_sources), else the HF cache or the hub
-    rows = hub.iter_rows(stream["source"], config, "train", local=stream.get("path"), token=os.environ.get("HF_TOKEN"))
-    stats = pack_stream_to_disk((r.get("text") for r in rows), tok, out, lang=params["english"],
-                                seq_len=params["seq_len"], train_tokens=train_tokens,
-                                val_fraction=params["val_fraction"], seed=params["seed"],
-                                block_rows=params.get("block_rows", 1))
-    log(json.dumps(stats, indent=1)[:4000])
-    return stats

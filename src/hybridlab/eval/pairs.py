@@ -120,7 +120,7 @@ def load_analysis_model(model: AnalysisModel, *, dtype: str | None = None, devic
 
 def layer_types(model) -> list[str]:
     """`full_attention` or the mixer kind for every decoder layer (see the module docstring)."""
-    from hybridlab.eval.capture import find_mixer_sites
+    from hybridlab.models.sites import find_mixer_sites
 
     spec = getattr(model, "hybridlab_spec", None)
     if spec is not None:

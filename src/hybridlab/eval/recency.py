@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
-from hybridlab.eval.capture import find_decoder_layers
+from hybridlab.models.sites import find_decoder_layers
 
 ROW_SCHEMA = {"layer": pl.Int64, "head": pl.Int64, "window": pl.Int64, "mass": pl.Float64,
               "mean_distance": pl.Float64}

@@ -150,8 +150,8 @@ def _register() -> None:
 
 def attention_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(layer index, attention module) of every full-attention layer (a hybrid's FA layers only)."""
-    from hybridlab.eval.capture import find_decoder_layers
     from hybridlab.models.convert import MixerAttention
+    from hybridlab.models.sites import find_decoder_layers
 
     _, layers = find_decoder_layers(model)
     spec = getattr(model, "hybridlab_spec", None)

@@ -24,7 +24,7 @@ causal tracing / activation patching, Meng et al. 2022, Wang et al. 2023). Defin
   m_patched(l): the run on A with layer l's token-mixer output at the chosen positions replaced by its
   output on B (all other positions keep A's output).
 - **Token-mixer output.** What decoder layer l's attention or recurrent mixer adds to the residual
-  stream (the module found by `hybridlab.eval.capture.find_mixer_sites`: `self_attn`, which is the
+  stream (the module found by `hybridlab.models.sites.find_mixer_sites`: `self_attn`, which is the
   `MixerAttention` wrapper in converted hybrids; the post-attention norm output for post-norm layers).
 - **Score.** Over all items of a group (one gap):
 
@@ -78,7 +78,7 @@ def _margins(logits_BTV: torch.Tensor, pos_BK: torch.Tensor, a_BK: torch.Tensor,
 
 
 def _hooked_modules(model: nn.Module) -> list[nn.Module]:
-    from hybridlab.eval.capture import find_decoder_layers, find_mixer_sites
+    from hybridlab.models.sites import find_decoder_layers, find_mixer_sites
 
     sites = find_mixer_sites(model)
     _, layers = find_decoder_layers(model)

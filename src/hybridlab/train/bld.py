@@ -7,7 +7,7 @@ natural-language BLD trainers alike.
 
 Definitions:
 
-- **Layer sites.** Decoder layers are located generically (`hybridlab.eval.capture`): layer i lives
+- **Layer sites.** Decoder layers are located generically (`hybridlab.models.sites`): layer i lives
   at `<prefix>.<i>` (e.g. `model.layers.3`) and has one token-mixer child (`self_attn` for dense
   layers and for converted hybrids, whose `MixerAttention` wrapper replaces `self_attn`).
 - **Layer kind.** `"full_attention"`, `"sliding_attention"` or a recurrent kind (`"kda"`, `"gdn"`,
@@ -130,7 +130,7 @@ def windows_to_steps(windows: Sequence[tuple[float, float | None]], total_steps:
 
 def layer_sites(model: nn.Module) -> list[LayerSite]:
     """The decoder layers of `model` with their kinds and parameter-name prefixes."""
-    from hybridlab.eval.capture import find_decoder_layers, find_mixer_sites
+    from hybridlab.models.sites import find_decoder_layers, find_mixer_sites
 
     sites = find_mixer_sites(model)
     prefix, layers = find_decoder_layers(model)

@@ -161,6 +161,25 @@ def total_steps(run: dict, n_params: int) -> int:
     return max(1, math.ceil(run["tokens_per_param"] * n_params / per_step))
 
 
+def bld_nl_need_tokens(sizes: dict, run: dict, experiment: dict, vocab_size: int) -> dict[str, int]:
+    """Tokens each BLD-NL (size, mixer) consumes: updates x sequences per update x context_len.
+
+    Parameters are counted exactly as training counts them (`count_parameters`, tied embedding once), on
+    models built on the meta device (no memory, ~0.1 s each). The data phase sizes the streamed English
+    mixture with it.
+    """
+    per_step = run["micro_batch_size"] * run.get("grad_accum", 1) * run["context_len"]
+    need = {}
+    for size, shape in sizes.items():
+        for mixer in experiment["mixers"]:
+            with torch.device("meta"):
+                model = build_nope_hybrid(shape, pattern=experiment["pattern"], mixer=mixer,
+                                          vocab_size=vocab_size, context_len=run["context_len"], eos_id=0,
+                                          seed=0)
+            need[f"{mixer}-{size}"] = total_steps(run, count_parameters(model)) * per_step
+    return need
+
+
 def freeze_window(freeze_fraction: float) -> tuple[float, float]:
     """BLD's frozen start as a fraction of all updates: F / N = f / (1 + f) so that F / (N - F) = f."""
     if not 0 < freeze_fraction < 1:
@@ -229,19 +248,3 @@ def rows_per_sequence(context_len: int, seq_len: int) -> int:
         raise HybridlabError(f"train.bld_nl.context_len={context_len} must be a multiple of the packed mixture's "
                              f"seq_len={seq_len} (sequences are joined packed rows)")
     return context_len // seq_len
-
-
-def val_stream(mixture_dir: str) -> np.ndarray:
-    """The English val rows of a packed mixture concatenated: contiguous text in document order."""
-    from hybridlab.data.packing import PackedDataset
-
-    val = PackedDataset(mixture_dir, "val")
-    return np.concatenate([np.asarray(val.tokens[r], dtype=np.int64) for r in val.rows])
-
-
-def documents_from_stream(stream: np.ndarray, eos_id: int) -> list[np.ndarray]:
-    """Split a token stream at EOS (packing writes `doc EOS doc EOS ...`); empty pieces dropped."""
-    cuts = np.flatnonzero(stream == eos_id)
-    pieces = np.split(stream, cuts)
-    docs = [p[1:] if len(p) and p[0] == eos_id else p for p in pieces]
-    return [d for d in docs if len(d)]

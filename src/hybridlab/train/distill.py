@@ -26,13 +26,13 @@ Definitions (the tasks plug into the shared loop, `hybridlab.train.loop.train`):
   soft-capping) are refused rather than silently distilled wrongly.
 - **Learning curves** (`heldout_curve_metrics`): held-out CE and KL(teacher || student) on a fixed
   set of validation rows, the first `rows_per_language` rows of each language (`heldout_rows`, the
-  same selection as `tasks.heldout_ce_by_language`), computed with `eval.perplexity.evaluate_perplexity`
+  same selection as `tasks.heldout_ce_by_language`), computed with `train.heldout.evaluate_perplexity`
   (scored positions predict x_t from x_<t, t = 1..T-1). Keys: `ce`, `kl` (pooled over all tokens) and
   `ce/<lang>`, `kl/<lang>`; stage 1 adds the held-out alignment loss `align`.
 - `eval_interval_steps(tokens, ...)`: a token interval as a whole number of updates (rounded, >= 1),
   so arms with the same batch shape are evaluated at identical token counts.
 - Tables over finished runs: `with_overall` adds a lang="all" row (pooled over tokens) to an
-  `evaluate_perplexity` table; `tokens_to_baseline` applies `eval.perplexity.tokens_to_reach` /
+  `evaluate_perplexity` table; `tokens_to_baseline` applies `train.heldout.tokens_to_reach` /
   `fraction_of_baseline_tokens` to the stage-2 held-out curves of every placement, with the baseline
   placement's final value as the target (the faster-learning placement needs a fraction < 1).
 """
@@ -328,7 +328,7 @@ def heldout_curve_metrics(student: nn.Module, teacher, input_ids_NT: torch.Tenso
     if frozen.sharded:
         return frozen.run(lambda t: heldout_curve_metrics(student, t, input_ids_NT, langs, batch_size))
     teacher = frozen.model
-    from hybridlab.eval.perplexity import evaluate_perplexity
+    from hybridlab.train.heldout import evaluate_perplexity
 
     device = next(student.parameters()).device
     _to_device(teacher, device)
@@ -386,7 +386,7 @@ def curve(metrics, column: str) -> tuple[list[float], list[float]]:
 
 
 def tokens_to_baseline(curves_by_placement: dict, baseline: str, metrics: Sequence[str] = ("ce", "kl")):
-    """Tokens each placement needs to reach the baseline placement's final held-out value (see eval.perplexity).
+    """Tokens each placement needs to reach the baseline placement's final held-out value (see train.heldout).
 
     `curves_by_placement` maps placement -> stage-2 metrics frame. One row per placement x metric x lang
     ("all" = the pooled curve): target (the baseline's final value), tokens (first interpolated crossing,
@@ -395,7 +395,7 @@ def tokens_to_baseline(curves_by_placement: dict, baseline: str, metrics: Sequen
     """
     import polars as pl
 
-    from hybridlab.eval.perplexity import fraction_of_baseline_tokens, tokens_to_reach
+    from hybridlab.train.heldout import fraction_of_baseline_tokens, tokens_to_reach
 
     if baseline not in curves_by_placement:
         raise HybridlabError(f"baseline placement {baseline!r} has no run (have {sorted(curves_by_placement)}); "

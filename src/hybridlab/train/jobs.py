@@ -1,4 +1,4 @@
-"""The pipeline's training jobs: one function per job, called by its thin workflow script.
+"""The pipeline's training jobs, and the mixture job: one function per job, called by its thin workflow script.
 
 Every job takes the rule's settings (`params`, the JSON object the rule passes as ``--params``) and
 plain paths, and does the whole run:
@@ -12,6 +12,10 @@ plain paths, and does the whole run:
 - **Publishing.** Rank 0 alone writes the output directory, atomically (`publishing`: everything is
   written to ``.<name>.tmp`` next to it, which then replaces it), with the model, ``metrics.parquet``
   and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
+
+`pack_mixture_job` (the data phase's mixture rule) is here rather than in `hybridlab.data` because a streamed
+English mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which
+needs the models and the training length (docs/methods.md, "Code layering").
 
 Each job's docstring lists the `params` keys it reads (the workflow scripts show it in ``--help``).
 User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
@@ -503,3 +507,66 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
         write_summary(tmp, summary)
     print(f"{arm.name}: held-out CE {final['ce']:.3f} after {result.step} updates ({result.tokens} tokens)")
     return summary
+
+
+# --- the mixture rule's job (sized by the BLD-NL budget, so in the train layer) ---------------------------------
+
+def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
+                     log=print) -> dict:
+    """Tokenise and pack one training mixture into `out` (the mixture rule); returns its stats.
+
+    Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture` with `params`
+    english, languages (English is always in; languages the corpus has no text for are reported through
+    `log` and left out; none left: English only), english_share, seq_len, total_tokens, val_fraction,
+    seed, optional block_rows (default 1). With params `stream` ({source: fineweb | dclm, optional path: a
+    local copy in the hub's layout}, hub presets, the English mixture) the web source is streamed instead
+    (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed: params `bld_nl`
+    ({sizes, run, experiment}, counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's
+    vocabulary, divided by run.epochs). The hub token comes from HF_TOKEN.
+    """
+    import polars as pl
+
+    from hybridlab.data.packing import pack_mixture, write_packed
+    from hybridlab.data.tokenizer import load_tokenizer
+
+    if params.get("stream"):
+        return _pack_english_stream(params, load_tokenizer(str(tokenizer)), out, log)
+    english = params["english"]
+    corpus = pl.read_parquet(mono)
+    available = set(corpus["lang"].unique().to_list())
+    wanted = [lang for lang in params["languages"] if lang != english]
+    missing = [lang for lang in wanted if lang not in available]
+    if missing:  # reported, not silently dropped
+        log(f"warning: no monolingual text for {missing}; the mixture uses the other languages "
+            f"(see the corpus manifest)")
+    languages = [lang for lang in wanted if lang in available]
+    mixture = pack_mixture(corpus, load_tokenizer(str(tokenizer)), languages=languages,
+                           english_share=params["english_share"] if languages else 1.0,
+                           seq_len=params["seq_len"], total_tokens=params["total_tokens"],
+                           val_fraction=params["val_fraction"], seed=params["seed"],
+                           block_rows=params.get("block_rows", 1))
+    write_packed(out, mixture)
+    log(json.dumps(mixture.stats, indent=1)[:4000])
+    return mixture.stats
+
+
+def _pack_english_stream(params: dict, tok, out, log) -> dict:
+    """BLD-NL's English mixture at hub presets: stream the web source until the largest arm's budget is packed."""
+    from hybridlab.data import hub
+    from hybridlab.data.packing import pack_stream_to_disk
+    from hybridlab.train.bld_nl import bld_nl_need_tokens
+
+    stream, bld = params["stream"], params["bld_nl"]
+    need = bld_nl_need_tokens(bld["sizes"], bld["run"], bld["experiment"], vocab_size=len(tok))
+    epochs = bld["run"].get("epochs") or 1
+    train_tokens = -(-max(need.values()) // epochs)
+    log(f"BLD-NL budgets (tokens): {need}; packing {train_tokens} train tokens ({epochs} epoch(s) of the largest)")
+    config = {"dclm": None, "fineweb": hub.FINEWEB_CONFIG}[stream["source"]]
+    # `path`: a local copy in the hub's layout (config local_sources), else the HF cache or the hub
+    rows = hub.iter_rows(stream["source"], config, "train", local=stream.get("path"), token=os.environ.get("HF_TOKEN"))
+    stats = pack_stream_to_disk((r.get("text") for r in rows), tok, out, lang=params["english"],
+                                seq_len=params["seq_len"], train_tokens=train_tokens,
+                                val_fraction=params["val_fraction"], seed=params["seed"],
+                                block_rows=params.get("block_rows", 1))
+    log(json.dumps(stats, indent=1)[:4000])
+    return stats

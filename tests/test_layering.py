@@ -1,0 +1,106 @@
+"""No upward imports in the library: data -> models -> train -> eval -> plots (docs/methods.md, "Code layering").
+
+A module under src/hybridlab/<layer>/ may import hybridlab modules of its own layer or of layers to its left,
+never of a layer to its right. Every import counts, at module level or inside a function (a lazy import is
+still a dependency). Outside the layers: `hybridlab.errors` and the package itself (`__version__`) sit below
+all of them (anything may import them), `hybridlab.config` and `hybridlab.config_spec` (the config tree and
+its resolution, checked against the language registry) belong to the data layer, and
+the application modules (`cli`, `provenance`, `cache`, `rehearsal`) sit above plots, like the workflow
+scripts: they may import anything and no layered module may import them.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "hybridlab"
+LAYERS = ("data", "models", "train", "eval", "plots")
+BASE = {"errors": -1, "config": LAYERS.index("data"), "config_spec": LAYERS.index("data")}
+APPLICATION = len(LAYERS)
+
+
+def layer_of(module: str) -> int | None:
+    """Layer index of a dotted hybridlab module name; None for anything outside hybridlab."""
+    parts = module.split(".")
+    if parts[0] != "hybridlab":
+        return None
+    if len(parts) == 1:
+        return -1  # the package itself: only __version__
+    head = parts[1]
+    if head in LAYERS:
+        return LAYERS.index(head)
+    return BASE.get(head, APPLICATION)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(tree: ast.AST, importer: str, is_package: bool):
+    """(line, module) for every import in `tree`, relative imports resolved, `from pkg import name` as pkg.name."""
+    package = importer if is_package else importer.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module == "hybridlab":  # `from hybridlab import x`: x is the module that counts
+                for alias in node.names:
+                    yield node.lineno, f"hybridlab.{alias.name}"
+            else:
+                yield node.lineno, module
+
+
+def upward_imports(source: str, path: Path) -> list[str]:
+    importer = module_name(path)
+    own = layer_of(importer)
+    found = []
+    for line, module in imported_modules(ast.parse(source, str(path)), importer, path.name == "__init__.py"):
+        layer = layer_of(module)
+        if layer is not None and own is not None and layer > own:
+            found.append(f"{path.relative_to(ROOT)}:{line}: imports {module} "
+                         f"({_name(layer)} layer, above {_name(own)})")
+    return found
+
+
+def _name(layer: int) -> str:
+    return LAYERS[layer] if 0 <= layer < len(LAYERS) else "application" if layer == APPLICATION else "base"
+
+
+def test_no_library_module_imports_a_higher_layer():
+    modules = sorted(SRC.rglob("*.py"))
+    assert len(modules) > 50  # the walk sees the library
+    found = [msg for path in modules for msg in upward_imports(path.read_text(), path)]
+    assert not found, "upward imports (move the function to the lowest layer that needs it):\n" + "\n".join(found)
+
+
+def test_the_check_sees_every_kind_of_upward_import():
+    """The check can fail: top-level, lazy, relative, `from hybridlab import` and application imports."""
+    source = "\n".join([
+        "import hybridlab.models.io",
+        "from hybridlab.errors import HybridlabError",
+        "def f():",
+        "    from hybridlab.eval.capture import capture_hidden_states",
+        "    from ..train import loop",
+        "    from hybridlab import plots",
+        "    import hybridlab.provenance",
+        "    from . import packing",
+        "    import torch",
+    ])
+    found = upward_imports(source, SRC / "data" / "example.py")
+    assert [m.split(": imports ")[1].split(" (")[0] for m in found] == [
+        "hybridlab.models.io", "hybridlab.eval.capture", "hybridlab.train", "hybridlab.plots", "hybridlab.provenance"]
+    assert found[1] == ("src/hybridlab/data/example.py:4: imports hybridlab.eval.capture (eval layer, above data)")
+    assert upward_imports(source, SRC / "plots" / "example.py") == [
+        "src/hybridlab/plots/example.py:7: imports hybridlab.provenance (application layer, above plots)"]
+    assert upward_imports("from hybridlab.data import packing\n", ROOT / "src/hybridlab/config.py") == []
