@@ -5,7 +5,6 @@ Resumable: rerunning the same command after a kill continues from the last check
 it writes, the --params keys).
 """
 
-import argparse
 import inspect
 
 import _common
@@ -14,8 +13,7 @@ import _common
 def main() -> None:
     from hybridlab.train import jobs
 
-    p = _common.parser(__doc__)
-    p.formatter_class, p.epilog = argparse.RawDescriptionHelpFormatter, inspect.getdoc(jobs.distill)
+    p = _common.parser(__doc__, inspect.getdoc(jobs.distill))
     p.add_argument("--stage", required=True, type=int, choices=(1, 2), help="distillation stage")
     p.add_argument("--teacher", required=True, help="teacher model directory or hub id")
     p.add_argument("--student", required=True, help="student hybrid directory (converted, or stage-1 output)")

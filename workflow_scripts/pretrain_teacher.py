@@ -4,7 +4,6 @@ Resumable: rerunning the same command after a kill continues from the last check
 The run itself is `hybridlab.train.jobs.pretrain_teacher` (below: what it writes, the --params keys).
 """
 
-import argparse
 import inspect
 
 import _common
@@ -13,8 +12,7 @@ import _common
 def main() -> None:
     from hybridlab.train import jobs
 
-    p = _common.parser(__doc__)
-    p.formatter_class, p.epilog = argparse.RawDescriptionHelpFormatter, inspect.getdoc(jobs.pretrain_teacher)
+    p = _common.parser(__doc__, inspect.getdoc(jobs.pretrain_teacher))
     p.add_argument("--mixture", required=True, help="packed mixture directory")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory")
     p.add_argument("--work", required=True, help="run directory (checkpoints, metrics)")

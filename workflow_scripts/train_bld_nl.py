@@ -5,7 +5,6 @@ Resumable: rerunning the same command after a kill continues from the last check
 writes, the --params keys; the model, arms and schedule are `hybridlab.train.bld_nl`).
 """
 
-import argparse
 import inspect
 
 import _common
@@ -14,8 +13,7 @@ import _common
 def main() -> None:
     from hybridlab.train import jobs
 
-    p = _common.parser(__doc__)
-    p.formatter_class, p.epilog = argparse.RawDescriptionHelpFormatter, inspect.getdoc(jobs.train_bld_nl)
+    p = _common.parser(__doc__, inspect.getdoc(jobs.train_bld_nl))
     p.add_argument("--mixture", required=True, help="packed English mixture directory")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory")
     p.add_argument("--work", required=True, help="run directory (checkpoints, metrics)")

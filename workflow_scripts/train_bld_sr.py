@@ -5,7 +5,6 @@ different run (any parameter or the data changed) starts over. The run itself is
 `hybridlab.train.jobs.train_bld_sr` (below: what it writes, the --params keys).
 """
 
-import argparse
 import inspect
 
 import _common
@@ -14,8 +13,7 @@ import _common
 def main() -> None:
     from hybridlab.train import jobs
 
-    p = _common.parser(__doc__)
-    p.formatter_class, p.epilog = argparse.RawDescriptionHelpFormatter, inspect.getdoc(jobs.train_bld_sr)
+    p = _common.parser(__doc__, inspect.getdoc(jobs.train_bld_sr))
     p.add_argument("--data", required=True, help="spaced_retrieval split directory (train/val/test.parquet)")
     p.add_argument("--work", required=True, help="run directory (loop checkpoints, score checkpoints)")
     p.add_argument("--out", required=True, help="arm output directory")
