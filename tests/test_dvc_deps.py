@@ -18,8 +18,7 @@ SRC = ROOT / "src"
 SCRIPTS = ROOT / "workflow_scripts"
 PHASES = ["data", "models", "train", "eval", "figures"]
 # Files a module reads at run time besides its imports.
-RESOURCES = {"hybridlab.config": ["src/hybridlab/schemas/config.schema.json"],
-             "hybridlab.eval.lm_eval": ["src/hybridlab/eval/lm_eval_tasks"]}
+RESOURCES = {"hybridlab.eval.lm_eval": ["src/hybridlab/eval/lm_eval_tasks"]}
 SMK_IMPORT = re.compile(r"^\s*(?:from\s+(hybridlab[\w.]*)\s+import\s+([\w, ()]+)|import\s+(hybridlab[\w.]*))", re.M)
 
 
@@ -120,5 +119,5 @@ def test_the_closure_sees_parse_time_script_and_nested_imports():
     assert "rules/figures.smk" in models  # every rules file is parsed by every phase
     assert "workflow_scripts/pretrain_teacher.py" in models and "workflow_scripts/_common.py" in models
     assert "src/hybridlab/train/loop.py" in models  # the teacher trains in the models phase
-    assert "src/hybridlab/schemas/config.schema.json" in models  # parse-time config validation
+    assert "src/hybridlab/config_spec.py" in models  # parse-time config validation (the schema's source)
     assert not _covered("src/hybridlab/train/loop.py", ["src/hybridlab/models"])
