@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -43,6 +44,48 @@ def test_loss_by_position_hand_computed():
     mask = torch.ones_like(nll, dtype=torch.bool)
     mask[1, 4] = False  # drops the 7
     assert loss_by_position(nll, bucket_edges(6), mask)["mean_loss"].to_list()[2] == pytest.approx((4 + 5 + 6) / 3)
+
+
+def test_loss_by_position_bootstrap_over_documents_hand_computed():
+    # 3 documents, T = 6 (targets 1..5), log2 buckets [1,2) [2,4) [4,6); document r has loss v_r + j/10 at
+    # target j + 1 (v = 1, 2, 4), so bucket means per document are v_r + c_bucket (c = 0, 0.15, 0.35) and
+    # the pooled bucket mean is 7/3 + c. The ideal bootstrap over 3 documents puts 1/27 > 2.5 % on "document
+    # 0 three times" (the smallest mean) and on "document 2 three times" (the largest): the 95 % interval
+    # is exactly [1 + c, 4 + c]
+    v = torch.tensor([1.0, 2.0, 4.0])[:, None]
+    nll = v + torch.arange(5, dtype=torch.float64)[None, :] / 10
+    df = loss_by_position(nll, bucket_edges(6), n_boot=4000, seed=0)
+    assert df.columns == ["bucket_lo", "bucket_hi", "n_tokens", "mean_loss", "mean_loss_lo", "mean_loss_hi"]
+    c = [0.0, 0.15, 0.35]
+    assert df["mean_loss"].to_list() == pytest.approx([7 / 3 + x for x in c])
+    assert df["mean_loss_lo"].to_list() == pytest.approx([1 + x for x in c], abs=1e-12)
+    assert df["mean_loss_hi"].to_list() == pytest.approx([4 + x for x in c], abs=1e-12)
+    # the point columns are those without the bootstrap
+    assert loss_by_position(nll, bucket_edges(6)).equals(df.select("bucket_lo", "bucket_hi", "n_tokens", "mean_loss"))
+    # identical documents: no spread, the interval is the point
+    flat = loss_by_position(torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]] * 3), bucket_edges(6), n_boot=100)
+    assert flat["mean_loss_lo"].to_list() == flat["mean_loss"].to_list() == flat["mean_loss_hi"].to_list()
+    # one document: no interval
+    assert loss_by_position(nll[:1], bucket_edges(6), n_boot=100)["mean_loss_lo"].is_nan().all()
+
+
+def test_loss_by_position_bootstrap_with_mask_matches_an_independent_replicate():
+    # unequal token counts per document (a mask): replicate b is sum of the drawn documents' losses over
+    # their counted tokens / their token count, drawn here by hand from default_rng(seed)
+    nll = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 4.0, 5.0, 6.0, 7.0], [0.5, 0.5, 9.0, 1.0, 2.0]])
+    mask = torch.ones_like(nll, dtype=torch.bool)
+    mask[1, 4] = mask[2, 2] = False
+    df = loss_by_position(nll, bucket_edges(6), mask, n_boot=500, seed=4)
+    idx = np.random.default_rng(4).integers(0, 3, size=(500, 3))
+    for row in df.iter_rows(named=True):
+        lo, hi = row["bucket_lo"] - 1, row["bucket_hi"] - 1
+        m = mask[:, lo:hi].numpy()
+        s, n = (nll[:, lo:hi].numpy() * m).sum(1), m.sum(1)
+        reps = s[idx].sum(1) / n[idx].sum(1)
+        assert (row["mean_loss_lo"], row["mean_loss_hi"]) == pytest.approx(tuple(np.quantile(reps, [0.025, 0.975])),
+                                                                           rel=1e-12)
+    # [4, 6): document 1 keeps 6 only, document 2 keeps 1 and 2 -> pooled (4 + 5 + 6 + 1 + 2) / 5
+    assert df["mean_loss"][2] == pytest.approx(18 / 5)
 
 
 def test_key_tokens_and_long_ppl_hand_computed():
@@ -104,6 +147,11 @@ def test_run_position_loss_end_to_end():
     assert torch.equal(res.key_mask, key) and torch.equal(kt.mask, key)
     assert res.n_key_tokens == int(key.sum()) > 0
     assert res.long_ppl == pytest.approx(math.exp(float(res.long_nll[key].double().mean())), rel=1e-6)
+    boot = run_position_loss(model, docs, short_window=4, batch_size=2, threshold=0.05, key_mask=key, n_boot=200,
+                             seed=1).buckets
+    assert boot.drop("mean_loss_lo", "mean_loss_hi").equals(res.buckets)
+    assert boot.equals(loss_by_position(res.long_nll, bucket_edges(20), n_boot=200, seed=1))
+    assert ((boot["mean_loss_lo"] <= boot["mean_loss"]) & (boot["mean_loss"] <= boot["mean_loss_hi"])).all()
     with pytest.raises(HybridlabError, match="shorter than the documents"):
         run_position_loss(model, docs, short_window=19)
     with pytest.raises(HybridlabError, match="key mask has shape"):

@@ -1,10 +1,14 @@
+import math
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from hybridlab.errors import HybridlabError
-from hybridlab.eval.recency import attention_recency, mean_attention_distance, recency_mass
+from hybridlab.eval import stats
+from hybridlab.eval.recency import attention_recency, mean_attention_distance, pooled_mean_ci, recency_mass
 
 
 def _toy_attention():
@@ -89,3 +93,80 @@ def test_runner_rejects_non_eager_models_and_non_fa_layers():
     model.config._attn_implementation = "sdpa"
     with pytest.raises(HybridlabError, match="attn_implementation='eager'"):
         attention_recency(model, [list(range(1, 9))], fa_layers=[1], windows=[1])
+
+
+# --- bootstrap over sequences -----------------------------------------------------------------------------
+
+
+def _independent_ratio_bootstrap(sums, counts, n_boot, seed):
+    """The documented replicate by hand: n unit indices per replicate from default_rng(seed), pooled ratio,
+    numpy's linear 2.5 / 97.5 % quantiles."""
+    s, n = np.asarray(sums, float), np.asarray(counts, float)
+    idx = np.random.default_rng(seed).integers(0, s.size, size=(n_boot, s.size))
+    reps = s[idx].sum(1) / n[idx].sum(1)
+    return tuple(np.quantile(reps, [0.025, 0.975]))
+
+
+def test_pooled_mean_ci_hand_computed():
+    # 3 units with per-unit means 1, 2, 3 and counts 1, 1, 2: pooled mean 9/4. The ideal bootstrap puts
+    # 1/27 > 2.5 % on "unit 1 drawn three times" (ratio 1, the smallest) and 1/27 on "unit 3 three times"
+    # (6/2 = 3, the largest), so its 95 % percentile interval is exactly [1, 3]
+    lo, hi = pooled_mean_ci([1.0, 2.0, 6.0], [1, 1, 2], n_boot=4000, seed=0)
+    assert (lo, hi) == pytest.approx((1.0, 3.0), abs=1e-12)
+    # and every replicate as computed independently here
+    for seed, n_boot in ((0, 200), (7, 1000)):
+        got = pooled_mean_ci([1.0, 2.0, 6.0], [1, 1, 2], n_boot=n_boot, seed=seed)
+        assert got == pytest.approx(_independent_ratio_bootstrap([1.0, 2.0, 6.0], [1, 1, 2], n_boot, seed), abs=1e-12)
+    # equal counts: the vectorised path draws the same replicates as the ratio path
+    s, n = [3.0, 8.0, 1.0, 5.0], [4, 4, 4, 4]
+    direct = stats.bootstrap_ci_indices(4, lambda i: np.sum(np.asarray(s)[i]) / 16.0, n_boot=500, seed=3)
+    assert pooled_mean_ci(s, n, n_boot=500, seed=3) == pytest.approx((direct.lo, direct.hi), abs=1e-12)
+    assert pooled_mean_ci(s, n, n_boot=500, seed=3) == pytest.approx(_independent_ratio_bootstrap(s, n, 500, 3),
+                                                                       abs=1e-12)
+
+
+def test_pooled_mean_ci_degenerate_cases():
+    assert pooled_mean_ci([2.0, 2.0, 2.0], [1, 1, 1], n_boot=100) == (2.0, 2.0)  # no spread: the point
+    assert all(math.isnan(x) for x in pooled_mean_ci([2.0], [1], n_boot=100))  # one unit
+    assert all(math.isnan(x) for x in pooled_mean_ci([2.0, 3.0], [1, 1], n_boot=0))
+    assert all(math.isnan(x) for x in pooled_mean_ci([0.0, 0.0], [0, 0], n_boot=100))  # nothing counted
+    # a unit without counted items only dilutes the draws; 0/0 replicates are dropped
+    lo, hi = pooled_mean_ci([0.0, 4.0, 2.0], [0, 2, 2], n_boot=2000, seed=1)
+    assert (lo, hi) == pytest.approx((1.0, 2.0), abs=1e-12)
+    with pytest.raises(HybridlabError, match="n_boot must be 0"):
+        pooled_mean_ci([1.0, 2.0], [1, 1], n_boot=5)
+    with pytest.raises(HybridlabError, match="aligned"):
+        pooled_mean_ci([1.0, 2.0], [1], n_boot=100)
+
+
+def test_runner_bootstrap_over_sequences_hand_checked():
+    model = _eager_qwen3()
+    seqs = [list(range(1, 13)), list(range(20, 29)), list(range(40, 52))]  # 12, 9 and 12 tokens
+    df = attention_recency(model, seqs, fa_layers=[1], windows=[4], batch_size=2, n_boot=300, seed=5)
+    assert df.columns == ["layer", "head", "window", "mass", "mean_distance", "mass_lo", "mass_hi",
+                          "mean_distance_lo", "mean_distance_hi"]
+    # reference: each sequence alone; its sums over queries and their counts, bootstrapped by hand
+    mass_s, dist_s = [], []
+    for s in seqs:
+        with torch.no_grad():
+            att = model(input_ids=torch.tensor([s]), output_attentions=True).attentions[1]
+        mass_s.append((recency_mass(att, 4) * (len(s) - 4)).tolist())
+        dist_s.append((mean_attention_distance(att) * len(s)).tolist())
+    mass_s, dist_s = np.array(mass_s), np.array(dist_s)
+    for h, row in enumerate(df.sort("head").iter_rows(named=True)):
+        lo, hi = _independent_ratio_bootstrap(mass_s[:, h], [8, 5, 8], 300, 5)
+        assert (row["mass_lo"], row["mass_hi"]) == pytest.approx((lo, hi), rel=1e-5)
+        lo, hi = _independent_ratio_bootstrap(dist_s[:, h], [12, 9, 12], 300, 5)
+        assert (row["mean_distance_lo"], row["mean_distance_hi"]) == pytest.approx((lo, hi), rel=1e-5)
+        assert row["mass_lo"] <= row["mass"] <= row["mass_hi"]
+    # the point values do not depend on n_boot
+    plain = attention_recency(model, seqs, fa_layers=[1], windows=[4], batch_size=2)
+    assert plain.columns == ["layer", "head", "window", "mass", "mean_distance"]
+    assert plain.equals(df.select(plain.columns))
+    # three copies of one sequence: no spread, the interval is the point
+    same = attention_recency(model, [seqs[0]] * 3, fa_layers=[1], windows=[4], n_boot=100)
+    for c in ("mass", "mean_distance"):
+        np.testing.assert_allclose(same[f"{c}_lo"].to_numpy(), same[c].to_numpy(), rtol=1e-6)
+        np.testing.assert_allclose(same[f"{c}_hi"].to_numpy(), same[c].to_numpy(), rtol=1e-6)
+    one = attention_recency(model, [seqs[0]], fa_layers=[1], windows=[4], n_boot=100)
+    assert one["mass_lo"].is_nan().all() and one["mean_distance_hi"].is_nan().all()

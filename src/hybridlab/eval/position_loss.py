@@ -5,7 +5,10 @@ from its t preceding tokens, so t is also the context length):
 
 - Buckets: `log2` edges [1, 2), [2, 4), [4, 8), ... or `fixed` edges [0, w), [w, 2w), ... (position 0
   is never a target, so the first fixed bucket holds w-1 positions), clipped to [1, T).
-  loss_by_position = token-mean NLL per bucket, pooled over documents.
+  loss_by_position = token-mean NLL per bucket, pooled over documents. With `n_boot` > 0 its 95 %
+  percentile bootstrap over the documents (windows: the independent unit; tokens of one document are
+  correlated), `mean_loss_lo/hi`: replicate b draws N window indices I_b with replacement and recomputes
+  the bucket's token mean over the windows I_b (`recency.pooled_mean_ci`; the same I_b for every bucket).
 - Short-window loss (Fang et al. 2024, "What is Wrong with Perplexity for Long-context Language
   Modeling?", LongPPL): l_short(t) = -log p(x_t | x_{t-w..t-1}), only the last w tokens as context.
   Computed exactly for any model (attention or recurrent) by re-running it on windows: with stride
@@ -44,10 +47,13 @@ from torch import nn
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.perplexity import token_nll
+from hybridlab.eval.recency import pooled_mean_ci
 
 DOCUMENT_SOURCES = ("kjv_books", "pg19", "mixture_val")
+N_BOOT = 1000  # bootstrap replicates over the windows of the position-loss tables
 
 BUCKET_SCHEMA = {"bucket_lo": pl.Int64, "bucket_hi": pl.Int64, "n_tokens": pl.Int64, "mean_loss": pl.Float64}
+BUCKET_CI_SCHEMA = {"mean_loss_lo": pl.Float64, "mean_loss_hi": pl.Float64}
 
 
 def document_windows(docs: Sequence, doc_len: int, n: int) -> tuple[torch.Tensor, int]:
@@ -117,8 +123,13 @@ def bucket_edges(seq_len: int, scheme: str = "log2", width: int | None = None) -
     raise HybridlabError(f"unknown bucket scheme {scheme!r}; use 'log2' or 'fixed'")
 
 
-def loss_by_position(nll_NP: torch.Tensor, edges: Sequence[int], mask_NP: torch.Tensor | None = None) -> pl.DataFrame:
-    """Token-mean loss per position bucket; column j of nll_NP is target position j + 1."""
+def loss_by_position(nll_NP: torch.Tensor, edges: Sequence[int], mask_NP: torch.Tensor | None = None, *,
+                     n_boot: int = 0, seed: int = 0) -> pl.DataFrame:
+    """Token-mean loss per position bucket; column j of nll_NP is target position j + 1 (BUCKET_SCHEMA).
+
+    `n_boot` > 0 adds `mean_loss_lo/hi` (BUCKET_CI_SCHEMA): the 95 % percentile bootstrap over the N rows
+    (documents) of the bucket's pooled token mean, sum of the drawn rows' losses / their token count
+    (`pooled_mean_ci`, `n_boot` replicates from `seed`); NaN with one row, null when the bucket is empty."""
     if nll_NP.dim() != 2:
         raise HybridlabError(f"per-token losses must be [N, T-1], got {tuple(nll_NP.shape)}")
     if edges[0] < 1 or edges[-1] > nll_NP.shape[1] + 1 or any(b <= a for a, b in zip(edges, edges[1:])):
@@ -129,8 +140,14 @@ def loss_by_position(nll_NP: torch.Tensor, edges: Sequence[int], mask_NP: torch.
         m = mask_NP[:, lo - 1:hi - 1]
         n = int(m.sum())
         mean = float(nll_NP[:, lo - 1:hi - 1][m].double().mean()) if n else None
-        rows.append({"bucket_lo": lo, "bucket_hi": hi, "n_tokens": n, "mean_loss": mean})
-    return pl.DataFrame(rows, schema=BUCKET_SCHEMA)
+        row = {"bucket_lo": lo, "bucket_hi": hi, "n_tokens": n, "mean_loss": mean}
+        if n_boot:
+            part = nll_NP[:, lo - 1:hi - 1].double()
+            sums_N = torch.where(m, part, torch.zeros_like(part)).sum(1).cpu().numpy()
+            ci = pooled_mean_ci(sums_N, m.sum(1).cpu().numpy(), n_boot=n_boot, seed=seed) if n else (None, None)
+            row.update(mean_loss_lo=ci[0], mean_loss_hi=ci[1])
+        rows.append(row)
+    return pl.DataFrame(rows, schema={**BUCKET_SCHEMA, **(BUCKET_CI_SCHEMA if n_boot else {})})
 
 
 def key_token_mask(long_nll: torch.Tensor, short_nll: torch.Tensor, threshold: float = 2.0,
@@ -269,11 +286,13 @@ def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window
                       scheme: str = "log2", width: int | None = None, threshold: float = 2.0,
                       min_long_logprob: float | None = None, evaluator: nn.Module | None = None,
                       key_mask: torch.Tensor | KeyTokens | None = None, batch_size: int = 4,
-                      device: str | torch.device | None = None) -> PositionLossResult:
+                      device: str | torch.device | None = None, n_boot: int = 0, seed: int = 0
+                      ) -> PositionLossResult:
     """Per-position loss and LongPPL of `model` on equal-length documents [N, T].
 
     Key tokens: `key_mask` (from `key_tokens` of the fixed evaluator, shared by all arms), else found
-    with `evaluator`, else (variant) with `model` itself."""
+    with `evaluator`, else (variant) with `model` itself. `n_boot` > 0: the buckets carry their bootstrap
+    interval over the documents (`loss_by_position`)."""
     _check_documents(documents, short_window)
     N, T = documents.shape
     dev = torch.device(device) if device is not None else next(model.parameters()).device
@@ -291,7 +310,8 @@ def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window
         long_NP = _long_nll(model, documents, batch_size, dev)
     finally:
         model.train(mode)
-    return PositionLossResult(buckets=loss_by_position(long_NP, bucket_edges(T, scheme, width)),
+    return PositionLossResult(buckets=loss_by_position(long_NP, bucket_edges(T, scheme, width), n_boot=n_boot,
+                                                       seed=seed),
                               ppl=math.exp(float(long_NP.double().mean())), long_ppl=long_ppl(long_NP, mask),
                               n_tokens=long_NP.numel(), n_key_tokens=int(mask.sum()),
                               long_nll=long_NP, key_mask=mask)
@@ -299,13 +319,14 @@ def run_position_loss(model: nn.Module, documents: torch.Tensor, *, short_window
 
 # --- the position-loss tables of the eval_position_loss rule ---------------------------------------------
 
-BUCKET_COLUMNS = ["model", "mixer", "size", "variant", "bucket_lo", "bucket_hi", "n_tokens", "mean_loss"]
+BUCKET_COLUMNS = ["model", "mixer", "size", "variant", "bucket_lo", "bucket_hi", "n_tokens", "mean_loss",
+                  "mean_loss_lo", "mean_loss_hi", "n_docs", "n_boot"]
 SUMMARY_SCHEMA = {"model": pl.String, "mixer": pl.String, "size": pl.String, "variant": pl.String,
                   "documents": pl.String, "n_source_docs": pl.Int64, "n_short_docs": pl.Int64, "n_docs": pl.Int64,
                   "doc_len": pl.Int64, "n_tokens": pl.Int64, "ppl": pl.Float64, "evaluator": pl.String,
                   "n_key_tokens": pl.Int64, "long_ppl": pl.Float64, "short_window": pl.Int64,
                   "threshold": pl.Float64, "ppl_lo": pl.Float64, "ppl_hi": pl.Float64, "long_ppl_lo": pl.Float64,
-                  "long_ppl_hi": pl.Float64}
+                  "long_ppl_hi": pl.Float64, "n_boot": pl.Int64}
 
 
 def position_loss_documents(cfg: dict, *, mixture: str | None = None, tokenizer: str | None = None,
@@ -346,12 +367,14 @@ def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None 
     each (`document_windows`), the first `n_docs` are scored; the key tokens of LongPPL come from the
     evaluator arm for every arm (`key_tokens`), so all arms are scored on the same tokens.
 
-    Buckets: one row per arm x bucket in BUCKET_COLUMNS (arm columns from `pairs.arm_columns`). Summary:
+    Buckets: one row per arm x bucket in BUCKET_COLUMNS (arm columns from `pairs.arm_columns`), with
+    mean_loss_lo, mean_loss_hi (95 % percentile bootstrap over the n_docs windows of the bucket's token mean,
+    n_boot = N_BOOT = 1,000 replicates, seed `seed`: `loss_by_position`). Summary:
     one row per arm in SUMMARY_SCHEMA: documents, n_source_docs (documents read), n_short_docs (of them
     shorter than doc_len, so unused), n_docs (windows), doc_len, n_tokens, ppl, evaluator, n_key_tokens
     (the evaluator's, the same for every arm), long_ppl, short_window, threshold and ppl_lo, ppl_hi,
-    long_ppl_lo, long_ppl_hi (95 % percentile bootstrap over the windows, 1,000 replicates, seed `seed`:
-    `window_bootstrap`).
+    long_ppl_lo, long_ppl_hi (95 % percentile bootstrap over the windows, n_boot = 1,000 replicates, seed
+    `seed`: `window_bootstrap`) and n_boot.
     """
     from pathlib import Path
 
@@ -383,14 +406,18 @@ def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None 
     for model_dir, name in zip(models, names):
         meta = arm_columns(model_dir, name)
         res = run_position_loss(load(model_dir), windows, scheme=c["scheme"], width=c.get("width"), key_mask=keys,
-                                **opts)
-        buckets.append(res.buckets.with_columns([pl.lit(meta[k]).cast(pl.String).alias(k) for k in meta]))
+                                n_boot=N_BOOT, seed=params["seed"], **opts)
+        buckets.append(res.buckets.with_columns([pl.lit(meta[k]).cast(pl.String).alias(k) for k in meta]
+                                                + [pl.lit(int(windows.shape[0]), pl.Int64).alias("n_docs"),
+                                                   pl.lit(N_BOOT, pl.Int64).alias("n_boot")]))
         summary.append({**meta, "documents": c["documents"], "n_source_docs": len(docs), "n_short_docs": n_short,
                         "n_docs": int(windows.shape[0]), "doc_len": c["doc_len"], "n_tokens": res.n_tokens,
                         "ppl": res.ppl, "evaluator": c["evaluator"], "n_key_tokens": res.n_key_tokens,
                         "long_ppl": res.long_ppl, "short_window": c["short_window"], "threshold": c["threshold"],
                         **dict(zip(("ppl_lo", "ppl_hi", "long_ppl_lo", "long_ppl_hi"),
-                                   sum(window_bootstrap(res.long_nll, res.key_mask, seed=params["seed"]), ())))})
+                                   sum(window_bootstrap(res.long_nll, res.key_mask, n_boot=N_BOOT,
+                                                        seed=params["seed"]), ()))),
+                        "n_boot": N_BOOT})
         first, last = res.buckets["mean_loss"][0], res.buckets["mean_loss"][-1]
         lp = "none" if res.long_ppl is None else f"{res.long_ppl:.2f}"
         log(f"{name}: loss {first:.3f} (first bucket) -> {last:.3f} (last), ppl {res.ppl:.2f}, "

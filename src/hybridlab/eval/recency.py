@@ -7,6 +7,10 @@ Definitions, per layer and head, for causal attention probabilities A[q, k] (row
   over sequences (padding queries excluded). m_w = 1 means the head only looks at the last w tokens.
 - Mean attention distance: d(q) = sum_k A[q, k] (q - k), averaged over all (non-padding) queries
   q >= 0, pooled over sequences. It grows with the context length, so compare at equal lengths.
+- Uncertainty (`n_boot` > 0): `mass_lo/hi`, `mean_distance_lo/hi`, the 95 % percentile bootstrap over the
+  input sequences (the sampling unit; queries of one sequence are correlated). Replicate b draws n
+  sequence indices I_b with replacement and recomputes the pooled mean sum_{s in I_b} S_s / sum_{s in
+  I_b} n_s (S_s: the sequence's sum over its eligible queries, n_s: their number), `pooled_mean_ci`.
 
 The runner reads the attention probabilities of the requested FA layers with forward hooks on their
 attention modules, which return (output, weights) under `attn_implementation="eager"` (the model is
@@ -21,15 +25,50 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
+import numpy as np
 import polars as pl
 import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
+from hybridlab.eval import stats
 from hybridlab.models.sites import find_decoder_layers
 
 ROW_SCHEMA = {"layer": pl.Int64, "head": pl.Int64, "window": pl.Int64, "mass": pl.Float64,
               "mean_distance": pl.Float64}
+CI_SCHEMA = {"mass_lo": pl.Float64, "mass_hi": pl.Float64, "mean_distance_lo": pl.Float64,
+             "mean_distance_hi": pl.Float64}
+N_BOOT = 1000  # bootstrap replicates over sequences of the recency table (recency_table's default)
+LEVEL = 0.95
+
+
+def pooled_mean_ci(sums, counts, *, n_boot: int, seed: int = 0, level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap over units of the pooled mean sum(S) / sum(n): `sums` S_u and `counts` n_u, one
+    per unit (a sequence, a document). Replicate b draws the unit indices I_b (`default_rng(seed)`) and
+    recomputes sum(S[I_b]) / sum(n[I_b]). When every unit has the same count n this is the mean of S_u / n
+    over I_b, drawn with the same I_b by the vectorised `stats.bootstrap_ci`; otherwise
+    `stats.bootstrap_ci_indices` (replicates without a counted item, 0/0, are dropped). (lo, hi); NaN with
+    fewer than 2 units, `n_boot` 0, no counted item, or when most replicates have none."""
+    s = np.asarray(sums, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    if s.shape != n.shape or s.ndim != 1:
+        raise HybridlabError(f"sums and counts must be 1-D and aligned, got {s.shape} and {n.shape}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 0 or 0 < n_boot < 10:
+        raise HybridlabError(f"n_boot must be 0 (no interval) or an integer >= 10, got {n_boot!r}")
+    if not n_boot or s.size < 2 or n.sum() <= 0:
+        return math.nan, math.nan
+    if (n == n[0]).all():
+        ci = stats.bootstrap_ci(s / n[0], np.mean, n_boot=n_boot, level=level, seed=seed)
+        return ci.lo, ci.hi
+    try:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ci = stats.bootstrap_ci_indices(s.size, lambda i: s[i].sum() / n[i].sum(), n_boot=n_boot,
+                                            level=level, seed=seed)
+    except HybridlabError:  # most replicates hold no counted item (0/0): no interval
+        return math.nan, math.nan
+    return ci.lo, ci.hi
 
 
 def _check_attn(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None) -> torch.Tensor:
@@ -43,9 +82,9 @@ def _check_attn(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None) -> 
     return query_mask_BT.to(attn_BHTT.device, torch.bool)
 
 
-def recency_mass_sums(attn_BHTT: torch.Tensor, window: int,
-                      query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
-    """(sum over eligible queries of m_w(q) per head [H], number of eligible queries)."""
+def _mass_terms(attn_BHTT: torch.Tensor, window: int,
+                query_mask_BT: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m_w(q) of eligible queries, 0 elsewhere [B, H, T]; eligible queries [B, T])."""
     if window < 1:
         raise HybridlabError(f"recency window must be >= 1, got {window}")
     valid_BT = _check_attn(attn_BHTT, query_mask_BT)
@@ -55,17 +94,37 @@ def recency_mass_sums(attn_BHTT: torch.Tensor, window: int,
     in_window_TT = (k_1T <= q_T1) & (k_1T > q_T1 - window)
     mass_BHT = (attn_BHTT.float() * in_window_TT).sum(-1)
     eligible_BT = valid_BT & (torch.arange(T, device=attn_BHTT.device) >= window)[None, :]
-    return (mass_BHT * eligible_BT[:, None, :]).sum((0, 2)).double().cpu(), int(eligible_BT.sum())
+    return mass_BHT * eligible_BT[:, None, :], eligible_BT
 
 
-def distance_sums(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
-    """(sum over valid queries of d(q) per head [H], number of valid queries)."""
+def _distance_terms(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d(q) of valid queries, 0 elsewhere [B, H, T]; valid queries [B, T])."""
     valid_BT = _check_attn(attn_BHTT, query_mask_BT)
     T = attn_BHTT.shape[-1]
     pos_T = torch.arange(T, device=attn_BHTT.device, dtype=torch.float32)
     dist_TT = (pos_T[:, None] - pos_T[None, :]).clamp_min(0.0)
     dist_BHT = (attn_BHTT.float() * dist_TT).sum(-1)
-    return (dist_BHT * valid_BT[:, None, :]).sum((0, 2)).double().cpu(), int(valid_BT.sum())
+    return dist_BHT * valid_BT[:, None, :], valid_BT
+
+
+def _pooled(terms_BHT: torch.Tensor, counted_BT: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return terms_BHT.sum((0, 2)).double().cpu(), int(counted_BT.sum())
+
+
+def _per_sequence(terms_BHT: torch.Tensor, counted_BT: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(per-sequence sums [B, H] float64, per-sequence counts [B]) for the bootstrap over sequences."""
+    return terms_BHT.sum(2).double().cpu().numpy(), counted_BT.sum(1).cpu().numpy().astype(np.int64)
+
+
+def recency_mass_sums(attn_BHTT: torch.Tensor, window: int,
+                      query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """(sum over eligible queries of m_w(q) per head [H], number of eligible queries)."""
+    return _pooled(*_mass_terms(attn_BHTT, window, query_mask_BT))
+
+
+def distance_sums(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """(sum over valid queries of d(q) per head [H], number of valid queries)."""
+    return _pooled(*_distance_terms(attn_BHTT, query_mask_BT))
 
 
 def recency_mass(attn_BHTT: torch.Tensor, window: int, query_mask_BT: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,8 +145,12 @@ def mean_attention_distance(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor
 
 def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | torch.Tensor,
                       fa_layers: Sequence[int], windows: Sequence[int], *,
-                      device: str | torch.device | None = None, batch_size: int = 4) -> pl.DataFrame:
-    """Recency mass per window and mean distance for every head of the given FA layers (tidy rows)."""
+                      device: str | torch.device | None = None, batch_size: int = 4, n_boot: int = 0,
+                      seed: int = 0) -> pl.DataFrame:
+    """Recency mass per window and mean distance for every head of the given FA layers (tidy rows:
+    ROW_SCHEMA). `n_boot` > 0 adds CI_SCHEMA's columns mass_lo/hi and mean_distance_lo/hi, the 95 %
+    percentile bootstrap over the sequences (`pooled_mean_ci`, `n_boot` replicates from `seed`; the same
+    sequence draws for every head, layer and window; NaN with one sequence)."""
     if not fa_layers:
         raise HybridlabError("fa_layers is empty; pass the indices of the full-attention layers")
     if not windows:
@@ -116,6 +179,9 @@ def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | tor
     mass_n = dict.fromkeys(mass_sum, 0)
     dist_sum: dict[int, torch.Tensor | float] = dict.fromkeys(fa_layers, 0.0)
     dist_n = dict.fromkeys(fa_layers, 0)
+    # per-sequence sums [B, H] and counts [B] of every batch, for the bootstrap over sequences
+    mass_rows: dict = {k: [] for k in mass_sum}
+    dist_rows: dict = {la: [] for la in fa_layers}
     was_training = model.training
     model.eval()
     try:
@@ -137,36 +203,55 @@ def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | tor
                     raise HybridlabError(f"layer {layer} returned no attention weights; is it a full-attention "
                                          "layer run with attn_implementation='eager'?")
                 for w in windows:
-                    s_H, n = recency_mass_sums(attn, w, mask_BT)
+                    terms = _mass_terms(attn, w, mask_BT)
+                    s_H, n = _pooled(*terms)
                     mass_sum[(layer, w)] = mass_sum[(layer, w)] + s_H
                     mass_n[(layer, w)] += n
-                s_H, n = distance_sums(attn, mask_BT)
+                    if n_boot:
+                        mass_rows[(layer, w)].append(_per_sequence(*terms))
+                terms = _distance_terms(attn, mask_BT)
+                s_H, n = _pooled(*terms)
                 dist_sum[layer] = dist_sum[layer] + s_H
                 dist_n[layer] += n
+                if n_boot:
+                    dist_rows[layer].append(_per_sequence(*terms))
             weights.clear()
     finally:
         for h in handles:
             h.remove()
         model.train(was_training)
+    def intervals(parts):  # per head (lo, hi) of the bootstrap over the sequences
+        S_SH = np.concatenate([p[0] for p in parts])
+        n_S = np.concatenate([p[1] for p in parts])
+        return [pooled_mean_ci(S_SH[:, h], n_S, n_boot=n_boot, seed=seed) for h in range(S_SH.shape[1])]
+
     rows = []
     for layer in fa_layers:
         dist_H = dist_sum[layer] / dist_n[layer]
+        dist_ci = intervals(dist_rows[layer]) if n_boot else None
         for w in windows:
             if mass_n[(layer, w)] == 0:
                 raise HybridlabError(f"no query position >= window {w}; use longer sequences or a smaller window")
             mass_H = mass_sum[(layer, w)] / mass_n[(layer, w)]
-            rows += [{"layer": layer, "head": h, "window": w, "mass": float(mass_H[h]),
-                      "mean_distance": float(dist_H[h])} for h in range(mass_H.shape[0])]
-    return pl.DataFrame(rows, schema=ROW_SCHEMA)
+            mass_ci = intervals(mass_rows[(layer, w)]) if n_boot else None
+            for h in range(mass_H.shape[0]):
+                row = {"layer": layer, "head": h, "window": w, "mass": float(mass_H[h]),
+                       "mean_distance": float(dist_H[h])}
+                if n_boot:
+                    row.update(mass_lo=mass_ci[h][0], mass_hi=mass_ci[h][1], mean_distance_lo=dist_ci[h][0],
+                               mean_distance_hi=dist_ci[h][1])
+                rows.append(row)
+    return pl.DataFrame(rows, schema={**ROW_SCHEMA, **(CI_SCHEMA if n_boot else {})})
 
 
 # --- the recency table of the eval_recency rule ----------------------------------------------------------
 
-RECENCY_COLUMNS = ["model", "pair", "role", "lang", "layer", "head", "window", "mass", "mean_distance",
-                   "n_sequences", "input_tokens"]
+RECENCY_COLUMNS = ["model", "pair", "role", "lang", "layer", "head", "window", "mass", "mass_lo", "mass_hi",
+                   "mean_distance", "mean_distance_lo", "mean_distance_hi", "n_sequences", "input_tokens", "n_boot"]
 
 
-def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None, log=print) -> pl.DataFrame:
+def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None, log=print,
+                  n_boot: int = N_BOOT) -> pl.DataFrame:
     """Attention-recency table of every analysis model (the eval_recency rule; workflow_scripts/eval_recency.py).
 
     `mono`: the monolingual corpus (doc_id, lang, text, source). `params`: `models`
@@ -176,6 +261,9 @@ def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None
     model's tokenizer: `pairs.token_windows`) are cut to `input_tokens` tokens and every full-attention
     layer's heads give `attention_recency`. One row per (model, pair, lang, layer, head, window) in
     RECENCY_COLUMNS, sorted by model, pair, lang, layer, head, window. A model without an FA layer is an error.
+    `mass_lo/hi`, `mean_distance_lo/hi`: 95 % percentile bootstrap over the `n_sequences` sequences of the
+    (model, lang) (`n_boot` replicates, default N_BOOT = 1000, recorded in column `n_boot`; seed `seed`;
+    NaN with one sequence or n_boot 0).
     """
     import time
 
@@ -195,9 +283,12 @@ def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None
             raise HybridlabError(f"model {m.name} has no full-attention layer; attention recency needs one")
         for lang, texts in docs.items():
             seqs = pairs.token_windows(tok, texts, cfg["n_sequences"], cfg["input_tokens"], lang)
-            df = attention_recency(model, seqs, fa, cfg["windows"], device=device, batch_size=cfg["batch_size"])
+            df = attention_recency(model, seqs, fa, cfg["windows"], device=device, batch_size=cfg["batch_size"],
+                                   n_boot=n_boot, seed=params["seed"])
+            if not n_boot:
+                df = df.with_columns([pl.lit(math.nan).alias(c) for c in CI_SCHEMA])
             df = df.with_columns(pl.lit(lang).alias("lang"), pl.lit(len(seqs)).alias("n_sequences"),
-                                 pl.lit(cfg["input_tokens"]).alias("input_tokens"))
+                                 pl.lit(cfg["input_tokens"]).alias("input_tokens"), pl.lit(n_boot, pl.Int64).alias("n_boot"))
             tables.append(pl.DataFrame(pairs.pair_rows(m)).join(df, how="cross"))
         del model
         log(f"  {m.name}: FA layers {fa}, {time.perf_counter() - t0:.1f}s")
