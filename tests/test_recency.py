@@ -170,3 +170,46 @@ def test_runner_bootstrap_over_sequences_hand_checked():
         np.testing.assert_allclose(same[f"{c}_hi"].to_numpy(), same[c].to_numpy(), rtol=1e-6)
     one = attention_recency(model, [seqs[0]], fa_layers=[1], windows=[4], n_boot=100)
     assert one["mass_lo"].is_nan().all() and one["mean_distance_hi"].is_nan().all()
+
+
+def _recency_table(with_ci=True):
+    import polars as pl
+
+    rows = []
+    for model, role, layers in [("teacher", "dense", [0, 1]), ("teacher/sp-gdn", "hybrid", [1])]:
+        for layer in layers:
+            for head in range(2):
+                for w in (1, 4, 16):
+                    m, d = min(1.0, 0.1 * w) / (2 if role == "hybrid" else 1), 3.0 + layer + head
+                    row = dict(model=model, pair="teacher vs sp-gdn", role=role, lang="hin_Deva", layer=layer,
+                               head=head, window=w, mass=m, mean_distance=d, n_sequences=3, input_tokens=32)
+                    if with_ci:
+                        row.update(mass_lo=m - 0.01 * (head + 1), mass_hi=m + 0.02, mean_distance_lo=d - 0.5 * (head + 1),
+                                   mean_distance_hi=d + 1.0)
+                    rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def test_recency_figure_draws_the_intervals():
+    import matplotlib
+    from matplotlib.collections import PolyCollection
+
+    matplotlib.use("Agg")
+    from hybridlab.plots import figures
+
+    fig = figures.recency(_recency_table())
+    top, bottom = fig.axes[0], fig.axes[1]
+    # error bars: mean over the two heads of each bound, e.g. dense layer 0: d = 3, 4 -> bar 3.5,
+    # lo mean(2.5, 3.0) = 2.75, hi mean(4, 5) = 4.5; hybrid layer 1: bar 4.5, [3.75, 5.5]
+    segs = sorted(tuple(round(float(y), 6) for y in seg[:, 1]) for c in top.containers
+                  if type(c).__name__ == "ErrorbarContainer" for seg in c.lines[2][0].get_segments())
+    assert segs == [(2.75, 4.5), (3.75, 5.5), (3.75, 5.5)]
+    # bands: one per role, mean bounds over the heads at each window (dense w=1: 0.1 - 0.015 .. 0.12)
+    bands = [c for c in bottom.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2
+    ys = sorted(round(float(y), 6) for y in bands[1].get_paths()[0].vertices[:, 1])
+    assert 0.085 in ys and 0.12 in ys
+    assert "bootstrap over the input sequences" in figures.CAPTIONS["fig_recency"]
+    # a table without the interval columns still draws (no bars, no bands)
+    plain = figures.recency(_recency_table(with_ci=False))
+    assert not [c for c in plain.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]

@@ -179,22 +179,48 @@ def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metric: str = "ck
 
 
 def recency(rec: pl.DataFrame):
-    """Per pair: mean attention distance per FA layer (top) and local mass vs window (bottom), by role."""
+    """Per pair: mean attention distance per FA layer (top) and local mass vs window (bottom), by role.
+
+    Values are means over heads and languages (and layers, bottom). With the bootstrap columns
+    (`mass_lo/hi`, `mean_distance_lo/hi`: per head, over the input sequences) the error bars (top) and
+    bands (bottom) span the mean of the aggregated heads' lower and upper bounds: the typical per-head
+    95 % interval, not an interval of the average (that needs the per-sequence values)."""
     df = require(rec, ["pair", "role", "layer", "head", "window", "mass", "mean_distance"], "recency")
     pairs = _sorted(df, "pair")
     n = len(pairs)
+    roles = ["hybrid", "dense"]
+    ci = all(f"{c}_{b}" in df.columns for c in ("mass", "mean_distance") for b in ("lo", "hi"))
+
+    def agg(d, by, value):
+        cols = [pl.col(value).mean()] + ([pl.col(f"{value}_lo").mean(), pl.col(f"{value}_hi").mean()] if ci else [])
+        return d.group_by(by).agg(cols).sort(by)
+
     with themed():
         fig, axes = new_figure(2 * n, ncols=n)
         for i, pair in enumerate(pairs):
             d = df.filter(pl.col("pair") == pair)
-            dist = d.group_by(["role", "layer"]).agg(pl.col("mean_distance").mean()).sort(["role", "layer"])
-            sns.barplot(data=_pd(dist), x="layer", y="mean_distance", hue="role", hue_order=["hybrid", "dense"],
-                        palette=ROLE_COLORS, ax=axes[i])
+            dist = agg(d, ["role", "layer"], "mean_distance")
+            sns.barplot(data=_pd(dist), x="layer", y="mean_distance", hue="role", hue_order=roles,
+                        palette=ROLE_COLORS, errorbar=None, ax=axes[i])
+            if ci:  # one container per role (hue order), its bars in layer order
+                for container, role in zip(list(axes[i].containers), roles):
+                    g = dist.filter(pl.col("role") == role)
+                    for bar, (v, lo, hi) in zip(container, g.select("mean_distance", "mean_distance_lo",
+                                                                    "mean_distance_hi").iter_rows()):
+                        if lo == lo and hi == hi:  # NaN: one sequence, no interval
+                            axes[i].errorbar([bar.get_x() + bar.get_width() / 2], [v], yerr=[[v - lo], [hi - v]],
+                                             fmt="none", ecolor="black", elinewidth=0.7, capsize=1.5)
             _title(axes[i], f"{pair}: FA layers")
             axes[i].set_ylabel("mean attention distance")
-            mass = d.group_by(["role", "window"]).agg(pl.col("mass").mean()).sort(["role", "window"])
-            sns.lineplot(data=_pd(mass), x="window", y="mass", hue="role", hue_order=["hybrid", "dense"],
-                         palette=ROLE_COLORS, marker="o", ax=axes[n + i])
+            mass = agg(d, ["role", "window"], "mass")
+            sns.lineplot(data=_pd(mass), x="window", y="mass", hue="role", hue_order=roles,
+                         palette=ROLE_COLORS, marker="o", errorbar=None, ax=axes[n + i])
+            if ci:
+                for role in roles:
+                    g = mass.filter((pl.col("role") == role) & pl.col("mass_lo").is_not_nan())
+                    if g.height:
+                        axes[n + i].fill_between(g["window"].to_list(), g["mass_lo"].to_list(), g["mass_hi"].to_list(),
+                                                 color=ROLE_COLORS[role], alpha=0.15, lw=0)
             axes[n + i].set_xscale("log", base=2)
             axes[n + i].set_ylabel("attention mass on last w tokens")
             axes[n + i].set_xlabel("window w")
@@ -484,18 +510,27 @@ def bld_nl_loss(runs: pl.DataFrame):
 
 
 def position_loss(buckets: pl.DataFrame):
-    """Mean loss per token-position bucket (geometric bucket centre, log axis), one panel per size."""
+    """Mean loss per token-position bucket (geometric bucket centre, log axis), one panel per size; with
+    `mean_loss_lo/hi` (bootstrap over the documents) a band per arm in its mixer's colour."""
     df = require(buckets, ["mixer", "size", "variant", "bucket_lo", "bucket_hi", "mean_loss"], "position_loss")
     df = df.with_columns(position=(pl.col("bucket_lo") * pl.col("bucket_hi")).sqrt()).sort(
         ["size", "mixer", "variant", "position"])
-    sizes = _sorted(df, "size")
+    sizes, mixers = _sorted(df, "size"), _sorted(df, "mixer")
     dashes = {"bld": "", "baseline": (4, 2)}
+    colors = dict(zip(mixers, sns.color_palette(PALETTE, len(mixers))))
     with themed():
         fig, axes = new_figure(len(sizes), sharey=True)
         for ax, size in zip(axes, sizes):
-            sns.lineplot(data=_pd(df.filter(pl.col("size") == size)), x="position", y="mean_loss", hue="mixer",
-                         hue_order=_sorted(df, "mixer"), style="variant", style_order=sorted(dashes),
+            d = df.filter(pl.col("size") == size)
+            sns.lineplot(data=_pd(d), x="position", y="mean_loss", hue="mixer",
+                         hue_order=mixers, style="variant", style_order=sorted(dashes),
                          dashes=dashes, palette=PALETTE, marker="o", errorbar=None, ax=ax)
+            if "mean_loss_lo" in d.columns:  # one band per arm (mixer x variant)
+                for (mixer, _), g in d.group_by(["mixer", "variant"], maintain_order=True):
+                    g = g.filter(pl.col("mean_loss_lo").is_not_null() & pl.col("mean_loss_lo").is_not_nan())
+                    if g.height:
+                        ax.fill_between(g["position"].to_list(), g["mean_loss_lo"].to_list(),
+                                        g["mean_loss_hi"].to_list(), color=colors[mixer], alpha=0.15, lw=0)
             ax.set_xscale("log", base=2)
             _title(ax, f"size {size}")
             ax.set_xlabel("token position")
@@ -694,7 +729,9 @@ CAPTIONS = {
     "fig_softcka_attn_delta": "SoftCKA of each mixer / attention block's residual contribution (attn_delta), "
                               "English vs each language, per decoder layer; hybrid FA layers shaded. Bands: 95 % bootstrap over sentences.",
     "fig_recency": "Attention recency of the full-attention layers, hybrid vs dense: mean attention distance "
-                   "per FA layer (top) and attention mass on the last w tokens vs w (bottom).",
+                   "per FA layer (top) and attention mass on the last w tokens vs w (bottom), means over heads and "
+                   "languages. Error bars (top) and bands (bottom): 95 % percentile bootstrap over the input "
+                   "sequences, computed per head and averaged over the same heads (a typical head's interval).",
     "fig_fertility": "Tokenizer fertility: tokens per sentence relative to English on the parallel set, per "
                      "language and tokenizer. Error bars: 95 % bootstrap over sentence pairs.",
     "fig_niah": "Multilingual needle-in-a-haystack: accuracy (mean over the OneRULER-style tasks) and seconds "
@@ -713,7 +750,9 @@ CAPTIONS = {
                            "(baseline vs arms that freeze the recurrent layers early). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_bld_nl_loss": "BLD on natural language: training loss and held-out CE vs tokens; colour = mixer, "
                        "solid = BLD (recurrent layers frozen early), dashed = baseline. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
-    "fig_position_loss": "Mean loss by token-position bucket on long documents, BLD vs baseline per mixer.",
+    "fig_position_loss": "Mean loss by token-position bucket on long documents, BLD vs baseline per mixer. "
+                         "Bands: 95 % percentile bootstrap over the documents (evaluation windows) of each "
+                         "bucket's token-mean loss.",
     "fig_retrieval_heads": "Retrieval heads (DuoAttention-style gates): alpha per KV head of the attention "
                            "layers (left) and passkey accuracy as heads are masked, lowest alpha first (right). Error bars: 95 % Wilson intervals over the passkey examples.",
     "table_perplexity": "Per-language perplexity of the teacher and of every placement's student, the best "
