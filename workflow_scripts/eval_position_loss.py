@@ -3,10 +3,12 @@
 Windows of `doc_len` tokens inside single documents (`position_loss.documents`: kjv_books | pg19 |
 mixture_val); LongPPL's key tokens come from ONE evaluator arm for every arm. Definitions:
 `hybridlab.eval.position_loss` (`position_loss_tables`). Writes
-- --out      (position_loss.parquet): model, mixer, size, variant, bucket_lo, bucket_hi, n_tokens, mean_loss
+- --out      (position_loss.parquet): model, mixer, size, variant, bucket_lo, bucket_hi, n_tokens, mean_loss,
+             mean_loss_lo, mean_loss_hi (bootstrap over the windows), n_docs, n_boot
 - --summary  (position_loss_summary.parquet): model, mixer, size, variant, documents, n_source_docs,
              n_short_docs, n_docs (windows), doc_len, n_tokens, ppl, evaluator, n_key_tokens, long_ppl,
-             short_window, threshold, ppl_lo, ppl_hi, long_ppl_lo, long_ppl_hi (bootstrap over the windows)
+             short_window, threshold, ppl_lo, ppl_hi, long_ppl_lo, long_ppl_hi (bootstrap over the windows),
+             n_boot
 """
 
 from pathlib import Path

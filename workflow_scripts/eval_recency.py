@@ -3,8 +3,9 @@
 Do the FA layers of hybrids attend further back than those of the dense model at the same depth? Writes
 `--out` (tidy parquet), one row per (model, pair, lang, layer, head, window): model, pair, role (hybrid |
 dense), lang, layer (decoder layer of an FA layer), head, window, mass (mean over queries q >= w of the
-attention on the last w keys), mean_distance (mean over queries of sum_k A[q, k] (q - k)), n_sequences,
-input_tokens. Definitions: `hybridlab.eval.recency` (`recency_table`).
+attention on the last w keys), mean_distance (mean over queries of sum_k A[q, k] (q - k)), their 95 %
+bootstrap intervals over the sequences (mass_lo, mass_hi, mean_distance_lo, mean_distance_hi), n_sequences,
+input_tokens, n_boot. Definitions: `hybridlab.eval.recency` (`recency_table`).
 """
 
 from pathlib import Path
