@@ -310,8 +310,8 @@ def bld_sr_arm_regex():
 
 
 def _bld_nl_study():
-    """Arms of BLD on natural language, checked once (hybridlab.train.bld_nl): {name: NLArm}."""
-    from hybridlab.train.bld_nl import check_study, nl_arms
+    """Arms of BLD on natural language, checked once (hybridlab.train.arms): {name: NLArm}."""
+    from hybridlab.train.arms import check_study, nl_arms
 
     exp, run = C["experiments"]["bld_nl"], C.get("train", {}).get("bld_nl")
     if run is None:

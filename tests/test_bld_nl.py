@@ -6,7 +6,7 @@ import torch
 
 from hybridlab.data.packing import documents_from_stream
 from hybridlab.errors import HybridlabError
-from hybridlab.train import bld_nl
+from hybridlab.train import arms, bld_nl
 
 SHAPE = {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
          "head_dim": 16, "intermediate_size": 48}
@@ -86,16 +86,16 @@ def test_build_is_seeded_and_chunk_size_only_changes_speed():
 
 
 def test_layer_kinds_and_bad_patterns():
-    assert bld_nl.layer_kinds(PATTERN, 8)[4] == "full_attention"
+    assert arms.layer_kinds(PATTERN, 8)[4] == "full_attention"
     with pytest.raises(HybridlabError, match="not a multiple"):
-        bld_nl.layer_kinds(PATTERN, 6)
+        arms.layer_kinds(PATTERN, 6)
     with pytest.raises(HybridlabError, match="at least one"):
-        bld_nl.layer_kinds(["mixer"], 4)
+        arms.layer_kinds(["mixer"], 4)
     run = {"sizes": {"s": dict(SHAPE, num_key_value_heads=3)}, "steps": 2}
     with pytest.raises(HybridlabError, match="sizes.s"):
-        bld_nl.check_study({"pattern": PATTERN}, run)
+        arms.check_study({"pattern": PATTERN}, run)
     with pytest.raises(HybridlabError, match="exactly one of steps and tokens_per_param"):
-        bld_nl.check_study({"pattern": PATTERN}, {"sizes": {"s": SHAPE}, "steps": 2, "tokens_per_param": 20})
+        arms.check_study({"pattern": PATTERN}, {"sizes": {"s": SHAPE}, "steps": 2, "tokens_per_param": 20})
 
 
 def test_bad_bld_nl_config_values_are_one_line_errors():
@@ -124,9 +124,9 @@ def test_bad_bld_nl_config_values_are_one_line_errors():
 
 
 def test_arm_names_include_the_size_only_with_several_sizes():
-    one = [a.name for a in bld_nl.nl_arms(["kda", "gdn"], ["xs"])]
+    one = [a.name for a in arms.nl_arms(["kda", "gdn"], ["xs"])]
     assert one == ["kda-baseline", "kda-bld", "gdn-baseline", "gdn-bld"]
-    two = bld_nl.nl_arms(["kda"], ["180m", "1b"])
+    two = arms.nl_arms(["kda"], ["180m", "1b"])
     assert [a.name for a in two] == ["kda-180m-baseline", "kda-180m-bld", "kda-1b-baseline", "kda-1b-bld"]
     assert (two[3].mixer, two[3].size, two[3].variant) == ("kda", "1b", "bld")
 
@@ -140,14 +140,14 @@ def test_total_steps_from_tokens_per_param_by_hand():
 
 def test_freeze_phase_is_a_tenth_of_the_unfrozen_phase():
     model = _model()
-    arm = bld_nl.NLArm("kda-bld", "kda", "xs", "bld")
+    arm = arms.NLArm("kda-bld", "kda", "xs", "bld")
     plan = bld_nl.plan_arm(model, arm, 110, freeze_fraction=0.1, scope="block", optimizer_after_unfreeze="muon")
     assert plan.windows == [(0, 10)]  # 10 frozen / 100 unfrozen updates
     assert plan.optimizer_switch_step == 10 and plan.optimizer_after_switch == "muon"
     assert plan.frozen_names and all(n.startswith(("model.layers.1.", "model.layers.2.", "model.layers.3."))
                                      for n in plan.frozen_names)
     assert any(".mlp." in n for n in plan.frozen_names)  # block scope: the whole recurrent layer
-    base = bld_nl.plan_arm(model, bld_nl.NLArm("kda-baseline", "kda", "xs", "baseline"), 110, freeze_fraction=0.1,
+    base = bld_nl.plan_arm(model, arms.NLArm("kda-baseline", "kda", "xs", "baseline"), 110, freeze_fraction=0.1,
                            scope="mixer", optimizer_after_unfreeze="muon")
     assert base.windows == [] and base.schedules == []
     assert base.optimizer_switch_step == 10  # same optimiser schedule as the BLD arm
@@ -165,7 +165,7 @@ def test_short_bld_run_freezes_recurrent_blocks_then_switches_to_muon(tmp_path):
     for variant in ("baseline", "bld"):
         model = _model("gdn", seed=1)
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
-        arm = bld_nl.NLArm(f"gdn-{variant}", "gdn", "xs", variant)
+        arm = arms.NLArm(f"gdn-{variant}", "gdn", "xs", variant)
         plan = bld_nl.plan_arm(model, arm, 11, freeze_fraction=0.1, scope="block", optimizer_after_unfreeze="muon")
         assert plan.optimizer_switch_step == 1
         kinds = []

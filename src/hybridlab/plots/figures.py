@@ -44,15 +44,15 @@ import textwrap
 import warnings
 
 import polars as pl
-import seaborn as sns
-from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
 from hybridlab.eval import stats
-from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, _atomic, new_figure, themed
+from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, LazyModule, _atomic, new_figure, sns, themed
 from hybridlab.plots.uncertainty import (placement_tests_table, retrieval_score_table, seed_band, spread_columns,
                                          sr_accuracy_table, tokens_to_target_table)
+
+ticker = LazyModule("matplotlib.ticker")
 
 ROLE_DASHES = {"hybrid": "", "dense": (4, 2)}
 
@@ -106,8 +106,8 @@ def _title(ax, text: str) -> None:
 def _tokens_axis(ax) -> None:
     """x axis of training tokens: compact SI labels (50k, 1.2M) that do not run into each other."""
     ax.set_xlabel("training tokens")
-    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(5))
 
 
 def _legend_once(axes) -> None:
@@ -172,7 +172,7 @@ def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metric: str = "ck
                                         color=colors[lang], alpha=0.15, lw=0)
             _title(ax, pair)
             ax.set_ylabel(f"Soft{metric.upper()} vs English" if metric == "cka" else metric)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         fig.suptitle(f"SoftCKA vs English by layer ({kind}); shaded: the hybrid's full-attention layers", fontsize=9)
         _legend_once(axes)
     return fig

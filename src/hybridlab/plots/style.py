@@ -13,19 +13,38 @@ Files are written to a temporary name and renamed, so a killed job never leaves 
 
 from __future__ import annotations
 
+import importlib
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
+from hybridlab.errors import HybridlabError
 
-matplotlib.use("Agg")  # headless and deterministic; must precede any pyplot import elsewhere
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-import matplotlib as mpl  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
 
-from hybridlab.errors import HybridlabError  # noqa: E402
+class LazyModule:
+    """A module imported on its first attribute access, with matplotlib on the Agg backend first.
+
+    The Snakefile reads the figure registry (this package) at every parse; only drawing needs matplotlib and
+    seaborn, which take longer to import than the rest of the parse.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless and deterministic; must precede any pyplot import (seaborn's)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+mpl = LazyModule("matplotlib")
+sns = LazyModule("seaborn")
+_mpl_figure = LazyModule("matplotlib.figure")
 
 DPI = 150
 PANEL_W, PANEL_H = 3.2, 2.6  # inches per panel; figures are whole multiples so layouts are stable
@@ -83,7 +102,7 @@ def new_figure(n_panels: int = 1, ncols: int | None = None, *, sharex=False, sha
         raise HybridlabError("a figure needs at least one panel; the input table selected no data")
     ncols = ncols or min(n_panels, MAX_COLS)
     nrows = -(-n_panels // ncols)
-    fig = Figure(figsize=(width or PANEL_W * ncols, height or PANEL_H * nrows), dpi=DPI,
+    fig = _mpl_figure.Figure(figsize=(width or PANEL_W * ncols, height or PANEL_H * nrows), dpi=DPI,
                  layout="constrained")
     grid = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex, sharey=sharey)
     flat = [ax for row in grid for ax in row]

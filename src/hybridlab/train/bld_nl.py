@@ -39,7 +39,6 @@ Definitions (this project's):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,63 +46,12 @@ import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
+from hybridlab.train.arms import FULL_ATTENTION, VARIANTS, NLArm, layer_kinds
 
-FULL_ATTENTION = "full_attention"
-MIXER = "mixer"
-VARIANTS = ("baseline", "bld")
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size")
 # Optional in a size: the mixers' chunk length (speed only; the chunked ops' outputs do not depend on it).
 CHUNK_KEY = "mixer_chunk_size"
-
-
-@dataclass(frozen=True)
-class NLArm:
-    """One training run: a mixer kind, a size name and a variant (baseline or bld)."""
-
-    name: str
-    mixer: str
-    size: str
-    variant: str
-
-
-def nl_arms(mixers: Sequence[str], sizes: Sequence[str]) -> list[NLArm]:
-    """Every arm of the study, sizes outermost; the size is in the name only when there are several."""
-    if not mixers or not sizes:
-        raise HybridlabError("bld_nl needs at least one mixer (experiments.bld_nl.mixers) and one size "
-                             "(train.bld_nl.sizes)")
-    multi = len(sizes) > 1
-    return [NLArm(f"{m}-{s}-{v}" if multi else f"{m}-{v}", m, s, v) for s in sizes for m in mixers for v in VARIANTS]
-
-
-def layer_kinds(pattern: Sequence[str], num_layers: int) -> list[str]:
-    """`pattern` repeated over `num_layers` layers ("full_attention" / "mixer" per layer)."""
-    bad = sorted(set(pattern) - {FULL_ATTENTION, MIXER})
-    if not pattern or bad:
-        raise HybridlabError(f"bld_nl pattern {list(pattern)} must be a non-empty list of "
-                             f"'{FULL_ATTENTION}' and '{MIXER}'")
-    if num_layers % len(pattern):
-        raise HybridlabError(f"num_hidden_layers={num_layers} is not a multiple of the pattern length "
-                             f"{len(pattern)}; choose a layer count that repeats the pattern whole")
-    kinds = [pattern[i % len(pattern)] for i in range(num_layers)]
-    if FULL_ATTENTION not in kinds or MIXER not in kinds:
-        raise HybridlabError(f"bld_nl pattern {list(pattern)} needs at least one '{FULL_ATTENTION}' and one "
-                             f"'{MIXER}' layer for a hybrid")
-    return kinds
-
-
-def check_study(experiment: dict, run: dict) -> None:
-    """Config checks the JSON schema cannot express (called when the DAG is built)."""
-    for name, shape in run["sizes"].items():
-        where = f"train.bld_nl.sizes.{name}"
-        if shape["num_attention_heads"] % shape["num_key_value_heads"]:
-            raise HybridlabError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
-        try:
-            layer_kinds(experiment["pattern"], shape["num_hidden_layers"])
-        except HybridlabError as exc:
-            raise HybridlabError(f"{where}: {exc}") from None
-    if ("steps" in run) == ("tokens_per_param" in run):
-        raise HybridlabError("train.bld_nl: set exactly one of steps and tokens_per_param")
 
 
 def nope_config(shape: dict, *, vocab_size: int, context_len: int, eos_id: int):

@@ -447,13 +447,14 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.models.io import save_hybrid
     from hybridlab.train import bld_nl
+    from hybridlab.train.arms import NLArm
     from hybridlab.train.bld import grad_norm_groups
     from hybridlab.train.config import TrainConfig
     from hybridlab.train.loop import train
     from hybridlab.train.run import work_dir
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language
 
-    arm = bld_nl.NLArm(**params["arm"])
+    arm = NLArm(**params["arm"])
     run, exp, seed = params["run"], params["experiment"], params["seed"]
     tok = load_tokenizer(tokenizer)
     docs = params.get("document_mask", False)  # data.packing.document_mask

@@ -524,7 +524,7 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
                     limit, gpus, False))
     # BLD on Spaced Retrieval (Qwen3 hybrid, 13-token vocabulary; every arm has the same shape)
     from hybridlab.data.spaced_retrieval import VOCAB_SIZE, sequence_length
-    from hybridlab.train.bld_nl import layer_kinds
+    from hybridlab.train.arms import layer_kinds
 
     sr = tr["bld_sr"]
     pat = exp["bld_sr"]["pattern"]
