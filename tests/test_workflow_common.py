@@ -1,0 +1,69 @@
+"""workflow_scripts/_common.py, the glue every workflow script shares: parser, params, writing, errors."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from hybridlab.errors import HybridlabError
+
+ROOT = Path(__file__).resolve().parents[1]
+# loaded from its file: the scripts' directory is not put on sys.path (its module names are generic)
+_spec = importlib.util.spec_from_file_location("_common", ROOT / "workflow_scripts" / "_common.py")
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+
+
+def test_parser_requires_params_and_shows_description_and_params_epilog_as_written():
+    p = _common.parser("Title line.\n\n  indented: kept\n", "--params keys: a, b\n  c: nested")
+    with pytest.raises(SystemExit):
+        p.parse_args([])
+    assert p.parse_args(["--params", "{}"]).params == "{}"
+    text = p.format_help()
+    assert "  indented: kept" in text and "--params keys: a, b\n  c: nested" in text
+    assert "(keys: see below)" in text
+    assert "keys: see below" not in _common.parser("No epilog.").format_help()
+
+
+def test_load_params_accepts_only_a_json_object():
+    assert _common.load_params('{"a": 1}') == {"a": 1}
+    with pytest.raises(HybridlabError, match=r"not valid JSON .* at char 1"):
+        _common.load_params("{oops")
+    with pytest.raises(HybridlabError, match="must be a JSON object"):
+        _common.load_params("[1, 2]")
+
+
+def test_write_parquet_creates_parents_and_leaves_no_temporary(tmp_path):
+    df = pl.DataFrame({"a": [1, 2], "b": ["x", None]})
+    out = tmp_path / "deep" / "dir" / "t.parquet"
+    _common.write_parquet(df, out)
+    assert pl.read_parquet(out).equals(df)
+    assert [p.name for p in out.parent.iterdir()] == ["t.parquet"]
+    # polars' default writer: the bytes are those of a plain write_parquet
+    df.write_parquet(tmp_path / "plain.parquet")
+    assert out.read_bytes() == (tmp_path / "plain.parquet").read_bytes()
+
+
+def test_set_threads_none_keeps_torchs_choice():
+    import torch
+
+    before = torch.get_num_threads()
+    _common.set_threads(None)
+    assert torch.get_num_threads() == before
+    _common.set_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("script", ["eval_softcka", "eval_niah", "eval_recency", "eval_perplexity",
+                                    "eval_position_loss", "eval_retrieval_heads", "eval_retrieval_score",
+                                    "make_figure", "pack_mixture", "build_hub_corpus", "build_offline_corpus"])
+def test_every_thin_script_documents_its_params_keys_in_help(script):
+    proc = subprocess.run([sys.executable, str(ROOT / "workflow_scripts" / f"{script}.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "keys" in proc.stdout.split("options:")[-1]  # the epilog after the options lists the settings
+    assert len((ROOT / "workflow_scripts" / f"{script}.py").read_text().splitlines()) <= 60
