@@ -81,8 +81,10 @@ def test_softcka_table_matches_a_direct_computation(analysis):
 def test_recency_table_reads_exactly_the_full_attention_layers(analysis):
     work = analysis
     t = pl.read_parquet(work / "results/eval/smoke/recency.parquet")
-    assert t.columns == ["model", "pair", "role", "lang", "layer", "head", "window", "mass", "mean_distance",
-                         "n_sequences", "input_tokens"]
+    assert t.columns == ["model", "pair", "role", "lang", "layer", "head", "window", "mass", "mass_lo", "mass_hi",
+                         "mean_distance", "mean_distance_lo", "mean_distance_hi", "n_sequences", "input_tokens",
+                         "n_boot"]
+    assert ((t["mass_lo"] <= t["mass"] + 1e-12) & (t["mass"] <= t["mass_hi"] + 1e-12)).all()
     cfg = _params(work, "recency")["recency"]
     assert set(t["model"]) == MODELS and set(t["lang"]) == set(cfg["languages"])
     assert sorted(t.filter(pl.col("model") == "teacher")["layer"].unique()) == [0, 1, 2, 3]
