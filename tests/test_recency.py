@@ -8,7 +8,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import stats
-from hybridlab.eval.recency import attention_recency, mean_attention_distance, pooled_mean_ci, recency_mass
+from hybridlab.eval.recency import attention_recency, mean_attention_distance, recency_mass
+from hybridlab.eval.stats import pooled_mean_ci
 
 
 def _toy_attention():

@@ -8,7 +8,7 @@ from its t preceding tokens, so t is also the context length):
   loss_by_position = token-mean NLL per bucket, pooled over documents. With `n_boot` > 0 its 95 %
   percentile bootstrap over the documents (windows: the independent unit; tokens of one document are
   correlated), `mean_loss_lo/hi`: replicate b draws N window indices I_b with replacement and recomputes
-  the bucket's token mean over the windows I_b (`recency.pooled_mean_ci`; the same I_b for every bucket).
+  the bucket's token mean over the windows I_b (`stats.pooled_mean_ci`; the same I_b for every bucket).
 - Short-window loss (Fang et al. 2024, "What is Wrong with Perplexity for Long-context Language
   Modeling?", LongPPL): l_short(t) = -log p(x_t | x_{t-w..t-1}), only the last w tokens as context.
   Computed exactly for any model (attention or recurrent) by re-running it on windows: with stride
@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
+from hybridlab.eval import stats
 from hybridlab.eval.perplexity import token_nll
-from hybridlab.eval.recency import pooled_mean_ci
 
 DOCUMENT_SOURCES = ("kjv_books", "pg19", "mixture_val")
 N_BOOT = 1000  # bootstrap replicates over the windows of the position-loss tables
@@ -129,7 +129,7 @@ def loss_by_position(nll_NP: torch.Tensor, edges: Sequence[int], mask_NP: torch.
 
     `n_boot` > 0 adds `mean_loss_lo/hi` (BUCKET_CI_SCHEMA): the 95 % percentile bootstrap over the N rows
     (documents) of the bucket's pooled token mean, sum of the drawn rows' losses / their token count
-    (`pooled_mean_ci`, `n_boot` replicates from `seed`); NaN with one row, null when the bucket is empty."""
+    (`stats.pooled_mean_ci`, `n_boot` replicates from `seed`); NaN with one row, null when the bucket is empty."""
     if nll_NP.dim() != 2:
         raise HybridlabError(f"per-token losses must be [N, T-1], got {tuple(nll_NP.shape)}")
     if edges[0] < 1 or edges[-1] > nll_NP.shape[1] + 1 or any(b <= a for a, b in zip(edges, edges[1:])):
@@ -144,7 +144,7 @@ def loss_by_position(nll_NP: torch.Tensor, edges: Sequence[int], mask_NP: torch.
         if n_boot:
             part = nll_NP[:, lo - 1:hi - 1].double()
             sums_N = torch.where(m, part, torch.zeros_like(part)).sum(1).cpu().numpy()
-            ci = pooled_mean_ci(sums_N, m.sum(1).cpu().numpy(), n_boot=n_boot, seed=seed) if n else (None, None)
+            ci = stats.pooled_mean_ci(sums_N, m.sum(1).cpu().numpy(), n_boot=n_boot, seed=seed) if n else (None, None)
             row.update(mean_loss_lo=ci[0], mean_loss_hi=ci[1])
         rows.append(row)
     return pl.DataFrame(rows, schema={**BUCKET_SCHEMA, **(BUCKET_CI_SCHEMA if n_boot else {})})

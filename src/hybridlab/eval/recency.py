@@ -10,7 +10,7 @@ Definitions, per layer and head, for causal attention probabilities A[q, k] (row
 - Uncertainty (`n_boot` > 0): `mass_lo/hi`, `mean_distance_lo/hi`, the 95 % percentile bootstrap over the
   input sequences (the sampling unit; queries of one sequence are correlated). Replicate b draws n
   sequence indices I_b with replacement and recomputes the pooled mean sum_{s in I_b} S_s / sum_{s in
-  I_b} n_s (S_s: the sequence's sum over its eligible queries, n_s: their number), `pooled_mean_ci`.
+  I_b} n_s (S_s: the sequence's sum over its eligible queries, n_s: their number), `stats.pooled_mean_ci`.
 
 The runner reads the attention probabilities of the requested FA layers with forward hooks on their
 attention modules, which return (output, weights) under `attn_implementation="eager"` (the model is
@@ -41,34 +41,6 @@ ROW_SCHEMA = {"layer": pl.Int64, "head": pl.Int64, "window": pl.Int64, "mass": p
 CI_SCHEMA = {"mass_lo": pl.Float64, "mass_hi": pl.Float64, "mean_distance_lo": pl.Float64,
              "mean_distance_hi": pl.Float64}
 N_BOOT = 1000  # bootstrap replicates over sequences of the recency table (recency_table's default)
-LEVEL = 0.95
-
-
-def pooled_mean_ci(sums, counts, *, n_boot: int, seed: int = 0, level: float = LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap over units of the pooled mean sum(S) / sum(n): `sums` S_u and `counts` n_u, one
-    per unit (a sequence, a document). Replicate b draws the unit indices I_b (`default_rng(seed)`) and
-    recomputes sum(S[I_b]) / sum(n[I_b]). When every unit has the same count n this is the mean of S_u / n
-    over I_b, drawn with the same I_b by the vectorised `stats.bootstrap_ci`; otherwise
-    `stats.bootstrap_ci_indices` (replicates without a counted item, 0/0, are dropped). (lo, hi); NaN with
-    fewer than 2 units, `n_boot` 0, no counted item, or when most replicates have none."""
-    s = np.asarray(sums, dtype=np.float64)
-    n = np.asarray(counts, dtype=np.float64)
-    if s.shape != n.shape or s.ndim != 1:
-        raise HybridlabError(f"sums and counts must be 1-D and aligned, got {s.shape} and {n.shape}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 0 or 0 < n_boot < 10:
-        raise HybridlabError(f"n_boot must be 0 (no interval) or an integer >= 10, got {n_boot!r}")
-    if not n_boot or s.size < 2 or n.sum() <= 0:
-        return math.nan, math.nan
-    if (n == n[0]).all():
-        ci = stats.bootstrap_ci(s / n[0], np.mean, n_boot=n_boot, level=level, seed=seed)
-        return ci.lo, ci.hi
-    try:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ci = stats.bootstrap_ci_indices(s.size, lambda i: s[i].sum() / n[i].sum(), n_boot=n_boot,
-                                            level=level, seed=seed)
-    except HybridlabError:  # most replicates hold no counted item (0/0): no interval
-        return math.nan, math.nan
-    return ci.lo, ci.hi
 
 
 def _check_attn(attn_BHTT: torch.Tensor, query_mask_BT: torch.Tensor | None) -> torch.Tensor:
@@ -149,7 +121,7 @@ def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | tor
                       seed: int = 0) -> pl.DataFrame:
     """Recency mass per window and mean distance for every head of the given FA layers (tidy rows:
     ROW_SCHEMA). `n_boot` > 0 adds CI_SCHEMA's columns mass_lo/hi and mean_distance_lo/hi, the 95 %
-    percentile bootstrap over the sequences (`pooled_mean_ci`, `n_boot` replicates from `seed`; the same
+    percentile bootstrap over the sequences (`stats.pooled_mean_ci`, `n_boot` replicates from `seed`; the same
     sequence draws for every head, layer and window; NaN with one sequence)."""
     if not fa_layers:
         raise HybridlabError("fa_layers is empty; pass the indices of the full-attention layers")
@@ -223,7 +195,7 @@ def attention_recency(model: nn.Module, sequences: Sequence[Sequence[int]] | tor
     def intervals(parts):  # per head (lo, hi) of the bootstrap over the sequences
         S_SH = np.concatenate([p[0] for p in parts])
         n_S = np.concatenate([p[1] for p in parts])
-        return [pooled_mean_ci(S_SH[:, h], n_S, n_boot=n_boot, seed=seed) for h in range(S_SH.shape[1])]
+        return [stats.pooled_mean_ci(S_SH[:, h], n_S, n_boot=n_boot, seed=seed) for h in range(S_SH.shape[1])]
 
     rows = []
     for layer in fa_layers:

@@ -461,3 +461,30 @@ def verdict(effect: float, ci: Interval | SeedSpread | Sequence[float], expected
     if side == 0:
         return INCONCLUSIVE
     return REPRODUCED if side == signs[expected_sign] else CONTRADICTED
+
+
+def pooled_mean_ci(sums, counts, *, n_boot: int, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap over units of the pooled mean sum(S) / sum(n): `sums` S_u and `counts` n_u, one
+    per unit (a sequence, a document). Replicate b draws the unit indices I_b (`default_rng(seed)`) and
+    recomputes sum(S[I_b]) / sum(n[I_b]). When every unit has the same count n this is the mean of S_u / n
+    over I_b, drawn with the same I_b by the vectorised `bootstrap_ci`; otherwise
+    `bootstrap_ci_indices` (replicates without a counted item, 0/0, are dropped). (lo, hi); NaN with
+    fewer than 2 units, `n_boot` 0, no counted item, or when most replicates have none."""
+    s = np.asarray(sums, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    if s.shape != n.shape or s.ndim != 1:
+        raise HybridlabError(f"sums and counts must be 1-D and aligned, got {s.shape} and {n.shape}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 0 or 0 < n_boot < 10:
+        raise HybridlabError(f"n_boot must be 0 (no interval) or an integer >= 10, got {n_boot!r}")
+    if not n_boot or s.size < 2 or n.sum() <= 0:
+        return math.nan, math.nan
+    if (n == n[0]).all():
+        ci = bootstrap_ci(s / n[0], np.mean, n_boot=n_boot, level=level, seed=seed)
+        return ci.lo, ci.hi
+    try:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ci = bootstrap_ci_indices(s.size, lambda i: s[i].sum() / n[i].sum(), n_boot=n_boot,
+                                            level=level, seed=seed)
+    except HybridlabError:  # most replicates hold no counted item (0/0): no interval
+        return math.nan, math.nan
+    return ci.lo, ci.hi
