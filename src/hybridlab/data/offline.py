@@ -412,7 +412,7 @@ def load_config(config_json: str | Path | None = None, params: str | None = None
     return config_from_json(text, f"--config-json {config_json}")
 
 
-def corpus_report(manifest: dict, seconds: float, out_dir) -> list[str]:
+def corpus_report(manifest: dict, seconds: float, out_dir: str | Path) -> list[str]:
     """The lines build_offline_corpus.py prints: what was built, then each unavailable language and why."""
     par, mono = manifest["parallel"], manifest["mono"]
     lines = [f"offline corpus in {seconds:.1f}s: parallel {len(par['languages'])} languages x "

@@ -34,8 +34,10 @@ Definitions:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -405,7 +407,8 @@ def analyse_retrieval_heads(model: nn.Module, train_examples: dict[str, torch.Te
 
 # --- the retrieval-head tables of the eval_retrieval_heads rule ------------------------------------------
 
-def retrieval_heads_tables(models, params: dict, *, mixture, tokenizer, work, log=print
+def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixture: str | Path,
+                           tokenizer: str | Path, work: str | Path, log: Callable[[str], None] = print
                            ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(alpha table, masking curve) of every BLD natural-language arm directory in `models` (the
     eval_retrieval_heads rule; workflow_scripts/eval_retrieval_heads.py).
@@ -422,8 +425,6 @@ def retrieval_heads_tables(models, params: dict, *, mixture, tokenizer, work, lo
     masked_layer, masked_kv_head, masked_alpha, accuracy, token_accuracy, answer_nll, mixer, size,
     variant, n (the test examples behind each accuracy). Arm columns: `pairs.arm_columns`.
     """
-    from pathlib import Path
-
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.eval.pairs import arm_columns
     from hybridlab.models.registry import load_causal_lm

@@ -45,7 +45,9 @@ items), one per (gap, layer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -207,7 +209,8 @@ def retrieval_scores(
 ARM_COLUMNS = ["arm", "seed", "step", "fraction", "long_gap_fraction"]
 
 
-def retrieval_score_table(arms, test: str, params: dict, *, device: str | None = None, log=print) -> pl.DataFrame:
+def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: dict, *, device: str | None = None,
+                          log: Callable[[str], None] = print) -> pl.DataFrame:
     """Layer Retrieval Ability Score of every BLD Spaced Retrieval arm directory in `arms`, per score
     checkpoint, layer and gap (the eval_retrieval_score rule; workflow_scripts/eval_retrieval_score.py).
 
@@ -220,7 +223,6 @@ def retrieval_score_table(arms, test: str, params: dict, *, device: str | None =
     items, margin_clean, margin_patched, margin_b); sorted by arm, seed, step, gap, layer.
     """
     import json
-    from pathlib import Path
 
     from hybridlab.models.io import load_hybrid
     from hybridlab.train.spaced_retrieval import take_per_gap

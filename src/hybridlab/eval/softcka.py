@@ -85,12 +85,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
 from hybridlab.errors import HybridlabError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 TokenSets = Sequence[torch.Tensor] | tuple[torch.Tensor, torch.Tensor]
 
@@ -568,7 +571,8 @@ def layer_groups(n_layers: int, per_pass: int) -> list[list[int]]:
     return [idx[i:i + size] for i in range(0, len(idx), size)]
 
 
-def softcka_table(parallel, params: dict, *, device: str | None = None, log=print):
+def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None = None,
+                  log: Callable[[str], None] = print) -> "pl.DataFrame":
     """The SoftCKA table of every analysis model: cross-lingual similarity of every layer, English vs each
     parallel language (the eval_softcka rule; workflow_scripts/eval_softcka.py).
 
