@@ -154,7 +154,7 @@ def pytest_counts(output: str) -> dict[str, int]:
 
 
 def stage_cuda_tests(dry_run: bool, budget: float, logs: Path) -> dict[str, Any]:
-    target = "tests/test_ops_cuda.py" if dry_run else "tests/"
+    target = "tests/models/test_ops_cuda.py" if dry_run else "tests/"
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", target]
     log = logs / "cuda_tests.log"
     rc, seconds = run_process(cmd, budget, log)

@@ -21,20 +21,25 @@ LONG_FILES = ["test_rehearsal.py", "test_fsdp.py", "test_gpu_acceptance.py"]
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
+ROOT = Path(__file__).resolve().parent.parent  # node ids are relative to the repository root (pyproject.toml)
+
+
 def _file(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    """The test file of a node id, relative to the repository root (e.g. tests/workflow/test_slurm.py)."""
+    return nodeid.split("::", 1)[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _uses_smoke_repo(name: str) -> bool:
-    path = Path(__file__).with_name(name)
+def _uses_smoke_repo(rel: str) -> bool:
+    path = ROOT / rel
     return path.is_file() and "smoke_workdir" in path.read_text()
 
 
 def _rank(nodeid: str) -> int:
-    name = _file(nodeid)
-    if _uses_smoke_repo(name):
+    rel = _file(nodeid)
+    if _uses_smoke_repo(rel):
         return 0
+    name = Path(rel).name
     return LONG_FILES.index(name) + 1 if name in LONG_FILES else len(LONG_FILES) + 1
 
 

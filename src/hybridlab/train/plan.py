@@ -182,7 +182,7 @@ def _block_elems(s: Shape) -> tuple[int, int]:
 
     Two RMSNorms (each keeps its fp32 upcast and normalised input, plus the weighted output) and the
     SwiGLU MLP (gate, up, silu(gate), product). Counted from transformers' modules and checked by
-    tracing a CPU fp32 forward (see tests/test_plan.py).
+    tracing a CPU fp32 forward (see tests/train/test_plan.py).
     """
     return 2 * s.hidden_size + 4 * s.intermediate_size, 4 * s.hidden_size + 2
 

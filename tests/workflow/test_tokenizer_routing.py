@@ -14,7 +14,7 @@ from hybridlab.errors import HybridlabError
 
 from smoke import dry_run_all
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QWEN, GRANITE = "Qwen--Qwen3-4B", "ibm-granite--granite-4.1-3b"
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from hybridlab.errors import HybridlabError
 from hybridlab.train import jobs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["pretrain_teacher", "distill", "train_bld_sr", "train_bld_nl"]
 TEACHER_SHAPE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
                  "head_dim": 16, "intermediate_size": 64}

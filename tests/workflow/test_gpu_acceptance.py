@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _acceptance_kernels as kernels  # noqa: E402
@@ -177,7 +177,7 @@ def test_a_stage_past_its_budget_is_stopped_with_its_children(tmp_path):
 
 
 def test_pytest_summary_counts():
-    out = "....F.s\nFAILED tests/test_ops_cuda.py::test_x - assert\n1 failed, 5 passed, 1 skipped, 2 errors in 3.1s\n"
+    out = "....F.s\nFAILED tests/models/test_ops_cuda.py::test_x - assert\n1 failed, 5 passed, 1 skipped, 2 errors in 3.1s\n"
     assert gpu_acceptance.pytest_counts(out) == {"passed": 5, "failed": 1, "skipped": 1, "errors": 2}
     assert gpu_acceptance.pytest_counts("14 skipped, 300 deselected in 2.0s") == {
         "passed": 0, "failed": 0, "skipped": 14, "errors": 0}

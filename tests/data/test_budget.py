@@ -136,7 +136,7 @@ def test_english_mixture_streams_until_the_bld_nl_budget(tmp_path):
               "block_rows": 2, "val_fraction": 0.05, "seed": 0,
               "stream": {"source": "dclm", "path": str(tmp_path / "dclm")},
               "bld_nl": {"sizes": {"xs": shape}, "run": run, "experiment": exp}}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "workflow_scripts/pack_mixture.py"), "--params",
                            json.dumps(params), "--mono", "unused", "--tokenizer", str(tmp_path / "tok"), "--out",
                            str(tmp_path / "mix")], capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ import pytest
 
 from hybridlab.errors import HybridlabError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # loaded from its file: the scripts' directory is not put on sys.path (its module names are generic)
 _spec = importlib.util.spec_from_file_location("_common", ROOT / "workflow_scripts" / "_common.py")
 _common = importlib.util.module_from_spec(_spec)

@@ -18,7 +18,7 @@ from hybridlab.data.local_sources import (
 )
 from hybridlab.errors import HybridlabError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

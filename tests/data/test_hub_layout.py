@@ -17,7 +17,7 @@ from hybridlab.data import hub  # noqa: E402
 from hybridlab.data.hub_layout import write_hub_layout  # noqa: E402
 from hybridlab.errors import HybridlabError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAR = ["eng_Latn", "fra_Latn", "zho_Hans", "pes_Arab"]
 
 

@@ -33,7 +33,7 @@ from hybridlab.data.offline_debs import fetch_packages, read_catalogues
 from hybridlab.data.offline_mo import clean_text, filter_pair, read_mo, strip_accelerators
 from hybridlab.errors import HybridlabError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (Debian/Ubuntu)")
 
 

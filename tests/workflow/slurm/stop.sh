@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the test SLURM started by tests/slurm/start.sh: slurmd, slurmctld, then munged, each by the
+# Stop the test SLURM started by tests/workflow/slurm/start.sh: slurmd, slurmctld, then munged, each by the
 # PID in its pid file under $HYBRIDLAB_SLURM_DIR (nothing else is signalled). State and logs stay
 # for inspection; `--purge` also deletes $HYBRIDLAB_SLURM_DIR.
 set -euo pipefail

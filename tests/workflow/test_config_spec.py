@@ -16,7 +16,7 @@ from hybridlab import config as cfg
 from hybridlab import config_spec as spec
 from hybridlab.errors import HybridlabError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "src" / "hybridlab" / "schemas" / "config.schema.json"
 
 

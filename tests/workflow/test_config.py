@@ -11,7 +11,7 @@ import yaml
 from hybridlab import config as cfg
 from hybridlab.errors import HybridlabError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

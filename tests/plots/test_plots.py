@@ -11,7 +11,7 @@ from hybridlab.errors import HybridlabError
 from hybridlab.plots import figures
 from hybridlab.plots.style import save_all, save_figure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LANGS = ["hin_Deva", "rus_Cyrl"]
 HYB = ["gdn", "full_attention", "gdn", "full_attention"]  # decoder layer types of the synthetic hybrid
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from hybridlab import provenance
 from hybridlab.config import config_hash
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_record_for_directory_and_file_is_stable(tmp_path):

@@ -1,6 +1,6 @@
 """FSDP2 training under torchrun with 2 gloo processes (CPU), launched the way the rules launch it.
 
-Each scenario of tests/fsdp_worker.py runs once in 1 process and once in 2; the sharded run must
+Each scenario of tests/train/fsdp_worker.py runs once in 1 process and once in 2; the sharded run must
 reproduce the single-process loss curve and final weights (fp32 reduction order differs, so within
 a tolerance), freeze schedules must move exactly the selected parameters, the AdamW -> Muon switch
 must work on shards, and a DCP checkpoint written by 2 processes must resume at 2 and at 1.

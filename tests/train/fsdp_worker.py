@@ -1,4 +1,4 @@
-"""One training run for tests/test_fsdp.py, started as `python` (1 process) or under torchrun (W).
+"""One training run for tests/train/test_fsdp.py, started as `python` (1 process) or under torchrun (W).
 
 Usage: fsdp_worker.py OUT_ROOT [--kill-at STEP] SCENARIO... Runs the scenarios one after the other in
 this process (one launch, many runs: process start-up dominates at these sizes) into OUT_ROOT/<scenario>.

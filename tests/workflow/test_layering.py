@@ -12,7 +12,7 @@ scripts: they may import anything and no layered module may import them.
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "hybridlab"
 LAYERS = ("data", "models", "train", "eval", "plots")
 BASE = {"errors": -1, "config": LAYERS.index("data"), "config_spec": LAYERS.index("data")}

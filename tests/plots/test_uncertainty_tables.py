@@ -235,7 +235,7 @@ def test_readme_splice_is_exact_and_idempotent(tmp_path):
     readme.write_text(f"# x\n\n{findings.BEGIN}\nold\n{findings.END}\n\nafter\n")
     table = tmp_path / "table_findings.md"
     table.write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
-    script = Path(__file__).resolve().parents[1] / "workflow_scripts/readme_findings.py"
+    script = Path(__file__).resolve().parents[2] / "workflow_scripts/readme_findings.py"
     for _ in range(2):
         r = subprocess.run([sys.executable, str(script), "--table", str(table), "--readme", str(readme)],
                            capture_output=True, text=True)

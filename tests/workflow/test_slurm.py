@@ -1,4 +1,4 @@
-"""Smoke jobs through a real single-node SLURM (tests/slurm/start.sh) with the project's SLURM
+"""Smoke jobs through a real single-node SLURM (tests/workflow/slurm/start.sh) with the project's SLURM
 profile: every job goes through sbatch, and the outputs equal those of a local build.
 
 Skipped, with start.sh's reason, where that cluster cannot run (not root, no apt-get, no package
@@ -44,15 +44,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """KEY=VALUE facts printed by start.sh (SLURM_CONF, SLURM_PARTITION, SLURM_STARTED)."""
-    proc = subprocess.run(["bash", str(ROOT / "tests/slurm/start.sh")], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(ROOT / "tests/workflow/slurm/start.sh")], capture_output=True, text=True,
                           timeout=900)
     if proc.returncode == 77:
         pytest.skip(proc.stderr.strip().splitlines()[-1])
-    assert proc.returncode == 0, f"tests/slurm/start.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, f"tests/workflow/slurm/start.sh failed:\n{proc.stdout}\n{proc.stderr}"
     info = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     yield info
     if info.get("SLURM_STARTED") == "1":
-        subprocess.run(["bash", str(ROOT / "tests/slurm/stop.sh")], capture_output=True, text=True, timeout=120)
+        subprocess.run(["bash", str(ROOT / "tests/workflow/slurm/stop.sh")], capture_output=True, text=True, timeout=120)
 
 
 def _rule_names(workdir: Path, env: dict) -> list[str]:

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from hybridlab.errors import HybridlabError
 from hybridlab.train import run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _inputs(tmp_path):

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Start a real single-node SLURM on this host for the test suite: munged, slurmctld and slurmd on
-# loopback, configured from tests/slurm/slurm.conf.in, all state under $HYBRIDLAB_SLURM_DIR.
+# loopback, configured from tests/workflow/slurm/slurm.conf.in, all state under $HYBRIDLAB_SLURM_DIR.
 #
-#   sudo tests/slurm/start.sh        # installs Debian's slurm-wlm + munge on first use (apt-get)
+#   sudo tests/workflow/slurm/start.sh        # installs Debian's slurm-wlm + munge on first use (apt-get)
 #   export SLURM_CONF=/var/lib/hybridlab-slurm/slurm.conf   # printed on stdout; clients need it
-#   tests/slurm/stop.sh
+#   tests/workflow/slurm/stop.sh
 #
 # Idempotent: a cluster that is already up is left as it is. /etc/munge is never touched, and
 # /etc/slurm/slurm.conf only becomes a link to our config where the host has none (see step 4), so
