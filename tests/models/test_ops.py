@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import types
 import warnings
 
 import pytest
@@ -10,7 +13,7 @@ import torch.nn.functional as F
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models import ops
-from hybridlab.models.ops import common, gdn, gla, kda
+from hybridlab.models.ops import common, dispatch, gdn, gla, kda
 
 with warnings.catch_warnings():  # fla warns that Triton cannot run on this CPU-only machine
     warnings.simplefilter("ignore")
@@ -352,3 +355,124 @@ def test_bad_shapes_raise_hybridlab_error(kind):
         call(CHUNK[kind], kind, q, k, v, g, beta, initial_state=h0[:, :, :2])
     with pytest.raises(HybridlabError, match="chunk_size"):
         call(CHUNK[kind], kind, q, k, v, g, beta, chunk_size=0)
+
+
+# --- the dispatch helper (ops.dispatch.fla_dispatch), on CPU without fla's kernels ------------------
+
+ALL_OPS = [*CHUNK.items(), *RECURRENT.items()]
+
+
+def fake_fla(monkeypatch, op):
+    """Route every call to fla (``uses_fla`` -> True) and put a recording stand-in for ``op``'s kernel in place."""
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "from fla", None
+
+    module, name = op.fla_kernel
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{name: kernel}))
+    monkeypatch.setattr(dispatch, "uses_fla", lambda q: True)
+    return calls
+
+
+def test_importing_the_ops_does_not_import_fla():
+    code = "import sys, hybridlab.models.ops; assert not any(m.split('.')[0] == 'fla' for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind,op", ALL_OPS)
+def test_cpu_call_runs_the_decorated_cpu_implementation(kind, op):
+    q, k, v, g, beta, h0 = make_inputs(kind, T=6)
+    got = call(op, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True, scale=0.3)
+    ref = call(op.__wrapped__, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True, scale=0.3)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert op.__name__ == op.__wrapped__.__name__ and op.__doc__ == op.__wrapped__.__doc__
+
+
+@pytest.mark.parametrize("kind,op", ALL_OPS)
+@pytest.mark.parametrize("chunk_size", [32, 48])
+def test_cuda_route_passes_fla_its_arguments_by_keyword(kind, op, chunk_size, monkeypatch):
+    calls = fake_fla(monkeypatch, op)
+    q, k, v, g, beta, h0 = make_inputs(kind, B=1, T=6)
+    varlen = op.__name__.startswith("chunk")
+    if varlen:
+        h0 = h0.repeat(2, 1, 1, 1)  # one state per sequence
+    extra = {"cu_seqlens": torch.tensor([0, 2, 6], dtype=torch.int32)} if varlen else {}
+    out = call(op, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=chunk_size,
+               use_qk_l2norm_in_kernel=True, **extra)
+    assert out == ("from fla", None) and len(calls) == 1
+    args, kwargs = calls[0]
+    assert args == ()
+    expected = {"q": q, "k": k, "v": v, "gk" if op is ops.fused_recurrent_gla else "g": g,
+                "scale": None, "initial_state": h0, "output_final_state": True}
+    if kind != "gla":
+        expected.update(beta=beta, use_qk_l2norm_in_kernel=True)
+    # fla's accepted tiles: GDN 16/32/64, KDA 32/64 (chunk ops only); GLA's chunk op and the recurrent ops get none
+    if chunk_size == 32 and varlen and kind != "gla":
+        expected["chunk_size"] = 32
+    cu = kwargs.pop("cu_seqlens", None)
+    assert (cu is not None) == varlen
+    if varlen:
+        assert cu.dtype == torch.long and cu.tolist() == [0, 2, 6]
+    assert kwargs.keys() == expected.keys()
+    assert all(kwargs[name] is value for name, value in expected.items())
+
+
+def test_cuda_route_loads_the_kernel_through_the_op_modules_fla_op(monkeypatch):
+    """What tests/models/test_ops_cuda.py relies on: patching ``<module>.fla_op`` intercepts the CUDA route."""
+    loaded = []
+    for module in (gdn, kda, gla):
+        monkeypatch.setattr(module, "fla_op", lambda m, n: loaded.append((m, n)) or (lambda **kw: ("fla", n)))
+    monkeypatch.setattr(dispatch, "uses_fla", lambda q: True)
+    for kind, op in ALL_OPS:
+        q, k, v, g, beta, _ = make_inputs(kind, T=4)
+        assert call(op, kind, q, k, v, g, beta) == ("fla", op.__name__)
+    assert loaded == [op.fla_kernel for _, op in ALL_OPS]
+    assert [n for _, n in loaded] == [op.__name__ for _, op in ALL_OPS]
+
+
+@pytest.mark.parametrize("kind,op", ALL_OPS)
+def test_cuda_route_validates_inputs_before_fla(kind, op, monkeypatch):
+    calls = fake_fla(monkeypatch, op)
+    q, k, v, g, beta, h0 = make_inputs(kind, T=5)
+    with pytest.raises(HybridlabError, match=f"{op.__name__}: initial_state"):
+        call(op, kind, q, k, v, g, beta, initial_state=h0[:, :, :2])
+    with pytest.raises(HybridlabError, match="chunk_size"):
+        call(op, kind, q, k, v, g, beta, chunk_size=0)
+    assert calls == []
+
+
+@pytest.mark.parametrize("kind,op", ALL_OPS)
+def test_cuda_route_without_fla_is_a_one_line_error(kind, op, monkeypatch):
+    fake_fla(monkeypatch, op)
+    module, name = op.fla_kernel
+    monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError, as without fla/triton
+    q, k, v, g, beta, _ = make_inputs(kind, T=4)
+    with pytest.raises(HybridlabError, match="CUDA tensors need flash-linear-attention") as err:
+        call(op, kind, q, k, v, g, beta)
+    assert f"{module}.{name}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_dispatch_varlen_runs_the_cpu_implementation_once_on_padded_rows():
+    seen = []
+
+    @dispatch.fla_dispatch("fla.ops.nothing", "toy", per_channel_g=False)
+    def toy(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+            cu_seqlens=None):
+        """Toy op: o = v, final state = initial state + 1."""
+        seen.append((q.shape, beta.shape, initial_state.shape, output_final_state, scale, chunk_size, cu_seqlens))
+        return v.clone(), initial_state + 1
+
+    q, k, v, g, beta, h0 = make_inputs("gdn", B=1, T=7)
+    h0 = h0.repeat(3, 1, 1, 1)
+    o, S = toy(q, k, v, g, beta, 0.5, h0, True, chunk_size=4, cu_seqlens=torch.tensor([0, 1, 5, 7]))
+    assert seen == [((3, 4, 3, 8), (3, 4, 3), (3, 3, 8, 6), True, 0.5, 4, None)]  # N=3 rows of L_max=4
+    torch.testing.assert_close(o, v)
+    torch.testing.assert_close(S, h0 + 1)
+    assert toy.__name__ == "toy" and toy.__doc__.startswith("Toy op")
+    with pytest.raises(TypeError, match="multiple values for argument 'q'"):
+        toy(q, k, v, g, beta, q=q)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gk'"):
+        toy(q, k, v, g, beta, gk=g)

@@ -2,8 +2,9 @@
 
 Layout ``[B, T, H, D]`` (fla 0.6, ``head_first=False``); states ``[B, H, K, V]``. CUDA tensors go
 to flash-linear-attention's Triton kernels, CPU tensors to this package's vectorised chunked PyTorch
-implementations (never to Triton); the ``naive_recurrent_*`` functions are per-token references
-written from the published recurrences and are the ground truth in tests.
+implementations (never to Triton), through one helper (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
+the ``naive_recurrent_*`` functions are per-token references written from the published recurrences
+and are the ground truth in tests.
 """
 
 from hybridlab.models.ops.gdn import (

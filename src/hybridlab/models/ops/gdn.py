@@ -41,7 +41,8 @@ factor run as one GEMM with 2C rows (the GEMMs get ~10 % faster, the strided vie
 afterwards), per-chunk views made once with ``unbind``, chunk 16 or 64.
 
 On CUDA tensors the public functions call fla's Triton kernels (``fla.ops.gated_delta_rule``) with
-the same arguments; on CPU tensors they run the PyTorch code here. Triton is never called on CPU.
+the same arguments (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`); on CPU tensors they run the
+PyTorch code here. Triton is never called on CPU.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ from hybridlab.models.ops.common import (
     check_inputs,
     compute_dtype,
     expand_gva,
-    fla_op,
     chunk_view,
     from_chunks,
     l2norm,
@@ -61,9 +61,10 @@ from hybridlab.models.ops.common import (
     pairwise_decay,
     resolve_scale,
     to_chunks,
-    varlen_cpu,
     unit_lower_inverse,
 )
+from hybridlab.models.ops.common import fla_op  # noqa: F401  (fla_dispatch loads this module's kernels through it)
+from hybridlab.models.ops.dispatch import fla_dispatch
 
 FLA_GDN_CHUNK_SIZES = (16, 32, 64)
 
@@ -294,6 +295,8 @@ def _chunk_gdn_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, u
     return o, (hT.reshape(B, H, K, V) if output_final_state else None)
 
 
+@fla_dispatch("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", per_channel_g=False,
+              fla_chunk_sizes=FLA_GDN_CHUNK_SIZES)
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -315,26 +318,12 @@ def chunk_gated_delta_rule(
     when fla accepts it (16/32/64), otherwise fla's default tile is used.
     ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
-    varlen = cu_seqlens is not None
-    check_inputs("chunk_gated_delta_rule", q, k, v, g, beta, initial_state, False, chunk_size, cu_seqlens=cu_seqlens)
-    if q.is_cuda:
-        fla_chunk = fla_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
-        extra = {"chunk_size": chunk_size} if chunk_size in FLA_GDN_CHUNK_SIZES else {}
-        if varlen:
-            extra["cu_seqlens"] = cu_seqlens.to(q.device, torch.long)
-        return fla_chunk(
-            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **extra,
-        )
-    if varlen:
-        def rows(q, k, v, g, beta, h0, final):
-            return _chunk_gdn_cpu(q, k, v, g, beta, scale, h0, final, use_qk_l2norm_in_kernel, chunk_size)
-        return varlen_cpu(rows, cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state)
     return _chunk_gdn_cpu(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
     )
 
 
+@fla_dispatch("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule", per_channel_g=False)
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -353,14 +342,6 @@ def fused_recurrent_gated_delta_rule(
     token and head. CUDA: fla's ``fused_recurrent_gated_delta_rule``. ``chunk_size`` is accepted for
     signature compatibility and unused.
     """
-    check_inputs("fused_recurrent_gated_delta_rule", q, k, v, g, beta, initial_state, False, chunk_size)
-    if q.is_cuda:
-        fla_rec = fla_op("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule")
-        # keywords matter: fla's positional order is (q, k, v, g, gk, gv, beta, ...)
-        return fla_rec(
-            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
     q, k = expand_gva(q, k, v)
     B, T, H, K = q.shape
     dtype = compute_dtype(q)

@@ -14,7 +14,8 @@ Chunked form with ``b = cumsum(g)`` per channel inside a chunk and state ``S`` a
 :func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with KDA): one scan over chunks with a
 hand-written backward.
 
-CUDA tensors go to fla's ``chunk_gla`` / ``fused_recurrent_gla``; CPU tensors never touch Triton.
+CUDA tensors go to fla's ``chunk_gla`` / ``fused_recurrent_gla`` (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
+CPU tensors never touch Triton.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from torch import Tensor
 from hybridlab.models.ops.common import (
     check_inputs,
     compute_dtype,
-    fla_op,
     chunk_per_channel,
     resolve_scale,
-    varlen_cpu,
 )
+from hybridlab.models.ops.common import fla_op  # noqa: F401  (fla_dispatch loads this module's kernels through it)
+from hybridlab.models.ops.dispatch import fla_dispatch
 
 
 def _prepare(q, k, v, g, scale, initial_state):
@@ -71,6 +72,7 @@ def _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, C):
     return o.to(out_dtype), (S.reshape(B, H, K, V) if output_final_state else None)
 
 
+@fla_dispatch("fla.ops.gla", "chunk_gla", per_channel_g=True, allow_gva=False)
 def chunk_gla(
     q: Tensor,
     k: Tensor,
@@ -88,23 +90,10 @@ def chunk_gla(
     fla's ``chunk_gla`` has a fixed tile, so on CUDA ``chunk_size`` is not forwarded.
     ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
-    varlen = cu_seqlens is not None
-    check_inputs("chunk_gla", q, k, v, g, None, initial_state, True, chunk_size, allow_gva=False,
-                 cu_seqlens=cu_seqlens)
-    if q.is_cuda:
-        fla_chunk = fla_op("fla.ops.gla", "chunk_gla")
-        extra = {"cu_seqlens": cu_seqlens.to(q.device, torch.long)} if varlen else {}
-        return fla_chunk(
-            q=q, k=k, v=v, g=g, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            **extra,
-        )
-    if varlen:
-        def rows(q, k, v, g, h0, final):
-            return _chunk_gla_cpu(q, k, v, g, scale, h0, final, chunk_size)
-        return varlen_cpu(rows, cu_seqlens, [q, k, v, g], initial_state, output_final_state)
     return _chunk_gla_cpu(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
 
 
+@fla_dispatch("fla.ops.gla", "fused_recurrent_gla", per_channel_g=True, allow_gva=False, fla_names={"g": "gk"})
 def fused_recurrent_gla(
     q: Tensor,
     k: Tensor,
@@ -120,12 +109,6 @@ def fused_recurrent_gla(
     CPU: ``S <- Diag(a) S + k v^T`` per token. CUDA: fla's ``fused_recurrent_gla`` (whose decay
     argument is called ``gk``). ``chunk_size`` is accepted for signature compatibility and unused.
     """
-    check_inputs("fused_recurrent_gla", q, k, v, g, None, initial_state, True, chunk_size, allow_gva=False)
-    if q.is_cuda:
-        fla_rec = fla_op("fla.ops.gla", "fused_recurrent_gla")
-        return fla_rec(
-            q=q, k=k, v=v, gk=g, scale=scale, initial_state=initial_state, output_final_state=output_final_state
-        )
     q, k, v, g, S = _prepare(q, k, v, g, scale, initial_state)
     decay = g.exp()
     outs = []

@@ -19,7 +19,8 @@ it matches fla's ``naive_chunk_kda``):
 reads fla's layout chunk by chunk, forms ``V_new = T (diag(beta) V - K_bg S)`` without ``W``, and has a
 hand-written backward (the scan in reverse).
 
-CUDA tensors go to fla's ``chunk_kda`` / ``fused_recurrent_kda``; CPU tensors never touch Triton.
+CUDA tensors go to fla's ``chunk_kda`` / ``fused_recurrent_kda`` (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
+CPU tensors never touch Triton.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from hybridlab.models.ops.common import (
     check_inputs,
     compute_dtype,
     expand_gva,
-    fla_op,
     l2norm,
     chunk_per_channel,
     resolve_scale,
-    varlen_cpu,
 )
+from hybridlab.models.ops.common import fla_op  # noqa: F401  (fla_dispatch loads this module's kernels through it)
+from hybridlab.models.ops.dispatch import fla_dispatch
 
 FLA_KDA_CHUNK_SIZES = (32, 64)
 
@@ -92,6 +93,7 @@ def _chunk_kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state, u
     return o.to(out_dtype), (S.reshape(B, H, K, V) if output_final_state else None)
 
 
+@fla_dispatch("fla.ops.kda", "chunk_kda", per_channel_g=True, fla_chunk_sizes=FLA_KDA_CHUNK_SIZES)
 def chunk_kda(
     q: Tensor,
     k: Tensor,
@@ -112,26 +114,12 @@ def chunk_kda(
     does not depend on ``chunk_size``; on CUDA it is passed to fla when fla accepts it (32/64).
     ``cu_seqlens``: fla's variable-length form (one row of several sequences; ``common.varlen_cpu`` on CPU).
     """
-    varlen = cu_seqlens is not None
-    check_inputs("chunk_kda", q, k, v, g, beta, initial_state, True, chunk_size, cu_seqlens=cu_seqlens)
-    if q.is_cuda:
-        fla_chunk = fla_op("fla.ops.kda", "chunk_kda")
-        extra = {"chunk_size": chunk_size} if chunk_size in FLA_KDA_CHUNK_SIZES else {}
-        if varlen:
-            extra["cu_seqlens"] = cu_seqlens.to(q.device, torch.long)
-        return fla_chunk(
-            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **extra,
-        )
-    if varlen:
-        def rows(q, k, v, g, beta, h0, final):
-            return _chunk_kda_cpu(q, k, v, g, beta, scale, h0, final, use_qk_l2norm_in_kernel, chunk_size)
-        return varlen_cpu(rows, cu_seqlens, [q, k, v, g, beta], initial_state, output_final_state)
     return _chunk_kda_cpu(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, chunk_size
     )
 
 
+@fla_dispatch("fla.ops.kda", "fused_recurrent_kda", per_channel_g=True)
 def fused_recurrent_kda(
     q: Tensor,
     k: Tensor,
@@ -149,13 +137,6 @@ def fused_recurrent_kda(
     CPU: ``S <- Diag(a) S;  S <- S + k (beta (v - S^T k))^T`` per token (O(K V)). CUDA: fla's
     ``fused_recurrent_kda``. ``chunk_size`` is accepted for signature compatibility and unused.
     """
-    check_inputs("fused_recurrent_kda", q, k, v, g, beta, initial_state, True, chunk_size)
-    if q.is_cuda:
-        fla_rec = fla_op("fla.ops.kda", "fused_recurrent_kda")
-        return fla_rec(
-            q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
     q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel)
     decay = g.exp()
     outs = []
