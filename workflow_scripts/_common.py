@@ -58,13 +58,10 @@ def set_threads(threads: int | None) -> None:
 def write_parquet(frame, path) -> None:
     """Write a polars table to `path` (parents created) through a temporary file, so a killed job never
     leaves a truncated table; polars' default writer settings (column statistics kept)."""
-    import os
+    from hybridlab.atomic import atomic_file
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp")
-    frame.write_parquet(tmp)
-    os.replace(tmp, out)
+    with atomic_file(path) as tmp:
+        frame.write_parquet(tmp)
 
 
 def _provenance() -> None:

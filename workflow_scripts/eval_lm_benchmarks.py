@@ -7,7 +7,6 @@ directories and `save_hybrid` hybrids alike) and handed, already loaded, to lm-e
 (task "ruler" / "recall", see `hybridlab.eval.lm_eval`).
 """
 
-import os
 from pathlib import Path
 
 import _common
@@ -25,6 +24,7 @@ def main() -> None:
 
     import polars as pl
 
+    from hybridlab.atomic import atomic_file
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.errors import HybridlabError
     from hybridlab.eval.lm_eval import RULER_TASKS, LMEvalConfig, require_lm_eval, run_lm_eval
@@ -49,9 +49,8 @@ def main() -> None:
         model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
         tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name))
         del model
-    tmp = f"{args.out}.tmp"
-    pl.concat(tables).write_parquet(tmp)
-    os.replace(tmp, args.out)
+    with atomic_file(args.out) as tmp:
+        pl.concat(tables).write_parquet(tmp)
 
 
 if __name__ == "__main__":

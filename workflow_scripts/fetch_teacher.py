@@ -4,7 +4,6 @@ Later rules read the local copy, so the hub is touched once per teacher. A missi
 fails with one line naming the model and the fix (HF_TOKEN, `huggingface-cli login`, a local path).
 """
 
-import shutil
 from pathlib import Path
 
 import _common
@@ -18,16 +17,14 @@ def main() -> None:
     args = p.parse_args()
     params = _common.load_params(args.params)
 
+    from hybridlab.atomic import atomic_dir
     from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
 
     model = load_causal_lm(params["name"])
     out = Path(args.out)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
-    load_tokenizer_for(params["name"]).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+        load_tokenizer_for(params["name"]).save_pretrained(tmp)
     print(f"saved {params['name']} to {out}")
 
 

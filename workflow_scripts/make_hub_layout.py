@@ -7,7 +7,6 @@ Params: `split` (FLoRes split to write, default devtest), `shards` (files per co
 """
 
 import json
-import shutil
 from pathlib import Path
 
 import _common
@@ -23,16 +22,13 @@ def main() -> None:
 
     import polars as pl
 
+    from hybridlab.atomic import atomic_dir
     from hybridlab.data.hub_layout import write_hub_layout
 
     out = Path(args.out)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    dirs = write_hub_layout(pl.read_parquet(args.parallel), pl.read_parquet(args.mono), tmp,
-                            split=params.get("split", "devtest"), shards=params.get("shards", 2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        dirs = write_hub_layout(pl.read_parquet(args.parallel), pl.read_parquet(args.mono), tmp,
+                                split=params.get("split", "devtest"), shards=params.get("shards", 2))
     print(json.dumps({k: str(out / v.name) for k, v in dirs.items()}, sort_keys=True))
 
 

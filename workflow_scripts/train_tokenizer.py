@@ -1,7 +1,5 @@
 """Train the byte-level BPE on the monolingual corpus (offline presets) or save a hub tokenizer (paper)."""
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import _common
@@ -16,13 +14,12 @@ def main() -> None:
 
     import polars as pl
 
+    from hybridlab.atomic import atomic_dir
     from hybridlab.data.tokenizer import load_tokenizer, train_bpe
 
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     # Build in a temporary sibling directory and rename: a failed run leaves no half-written tokenizer.
-    tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         if params.get("hub_tokenizer"):
             tok = load_tokenizer(params["hub_tokenizer"])
             tok.save_pretrained(str(tmp))
@@ -30,11 +27,6 @@ def main() -> None:
             # Sorted by (lang, doc_id) so the same corpus always gives the same merges.
             texts = pl.read_parquet(args.mono, columns=["lang", "doc_id", "text"]).sort(["lang", "doc_id"])["text"]
             tok = train_bpe(iter(texts.to_list()), vocab_size=params["vocab_size"], min_frequency=2, out_path=tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"tokenizer with {len(tok)} tokens written to {out}")
 
 

@@ -13,6 +13,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from hybridlab.atomic import write_text
 from hybridlab.config import config_hash
 
 PACKAGES = ("hybridlab", "torch", "transformers", "flash-linear-attention", "fla-core", "triton", "snakemake",
@@ -58,7 +59,5 @@ def write(out: str | Path, params: dict, script: str, repo: Path) -> Path:
     """Write the provenance record for output `out` (a directory or a file); returns its path."""
     out = Path(out)
     path = out / "provenance.json" if out.is_dir() else out.with_name(out.name + ".provenance.json")
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(json.dumps(record(params, script, repo), indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(record(params, script, repo), indent=1, sort_keys=True) + "\n")
     return path

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
 
 QWEN_VOCAB, GRANITE_VOCAB = 384, 448
@@ -124,26 +125,23 @@ def build_rehearsal_inputs(corpus_dir: str | Path, out: str | Path, *, seed: int
         raise HybridlabError(f"rehearsal inputs: {missing} not found; build the offline corpus first "
                              "(snakemake corpus --config scale=smoke) and pass its directory")
     parallel, mono = pl.read_parquet(files[0]), pl.read_parquet(files[1])
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "models").mkdir(parents=True)
-    write_hub_layout(parallel, mono, tmp / "hub")
+    with atomic_dir(out) as tmp:
+        (tmp / "models").mkdir(parents=True)
+        write_hub_layout(parallel, mono, tmp / "hub")
 
-    texts = mono["text"].to_list() + parallel["text"].to_list()
-    tok_q = train_bpe(texts, QWEN_VOCAB, 2, tmp / "tok-qwen3")
-    tok_g = train_bpe(texts, GRANITE_VOCAB, 2, tmp / "tok-granite")
-    configs = _configs(len(tok_q), len(tok_g), tok_q.eos_token_id, tok_g.eos_token_id)
-    for i, (name, config) in enumerate(configs.items()):
-        torch.manual_seed(seed + i)
-        model = _model_class(config)
-        d = tmp / "models" / name
-        model.save_pretrained(d, safe_serialization=True)
-        (tok_g if name == "granite-teacher" else tok_q).save_pretrained(d)
-    for t in ("tok-qwen3", "tok-granite"):
-        shutil.rmtree(tmp / t)
-    write_oneruler_layout(mono, tmp / "oneruler")
-    manifest = {hub_id: str(out / "models" / name) for hub_id, name in REHEARSAL_IDS.items()}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+        texts = mono["text"].to_list() + parallel["text"].to_list()
+        tok_q = train_bpe(texts, QWEN_VOCAB, 2, tmp / "tok-qwen3")
+        tok_g = train_bpe(texts, GRANITE_VOCAB, 2, tmp / "tok-granite")
+        configs = _configs(len(tok_q), len(tok_g), tok_q.eos_token_id, tok_g.eos_token_id)
+        for i, (name, config) in enumerate(configs.items()):
+            torch.manual_seed(seed + i)
+            model = _model_class(config)
+            d = tmp / "models" / name
+            model.save_pretrained(d, safe_serialization=True)
+            (tok_g if name == "granite-teacher" else tok_q).save_pretrained(d)
+        for t in ("tok-qwen3", "tok-granite"):
+            shutil.rmtree(tmp / t)
+        write_oneruler_layout(mono, tmp / "oneruler")
+        manifest = {hub_id: str(out / "models" / name) for hub_id, name in REHEARSAL_IDS.items()}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
 from hybridlab.train import jobs
 
@@ -68,19 +69,16 @@ def teacher(corpus, tmp_path_factory):
 # ---- shared pieces ----------------------------------------------------------------------------------------------
 
 
-def test_publishing_replaces_the_output_whole_and_only_on_success(tmp_path):
+def test_a_published_output_is_replaced_whole_and_only_on_success(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old run")
-    with jobs.publishing(out) as tmp:
-        assert tmp == tmp_path / ".out.tmp" and not tmp.exists()
-        tmp.mkdir()
+    with atomic_dir(out) as tmp:
         jobs.write_summary(tmp, {"b": 1, "a": [1, 2]})
-    assert sorted(p.name for p in out.iterdir()) == ["summary.json"] and not (tmp_path / ".out.tmp").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"] and sorted(tmp_path.iterdir()) == [out]
     assert (out / "summary.json").read_text() == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}'
     with pytest.raises(RuntimeError):
-        with jobs.publishing(out) as tmp:
-            tmp.mkdir()
+        with atomic_dir(out) as tmp:
             raise RuntimeError("killed mid-write")
     assert (out / "summary.json").is_file()  # the published output is untouched
 

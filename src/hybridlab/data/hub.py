@@ -54,6 +54,7 @@ import polars as pl
 from datasets import load_dataset
 from datasets.exceptions import DatasetsError
 
+from hybridlab.atomic import atomic_file, write_text
 from hybridlab.data.languages import dataset_config
 from hybridlab.errors import HybridlabError
 
@@ -360,10 +361,7 @@ def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, df in (("parallel", parallel), ("mono", mono)):
-        tmp = out / f".{name}.parquet.tmp"
-        df.write_parquet(tmp)
-        tmp.replace(out / f"{name}.parquet")
-    tmp = out / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    tmp.replace(out / "manifest.json")
+        with atomic_file(out / f"{name}.parquet") as tmp:
+            df.write_parquet(tmp)
+    write_text(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
     return manifest

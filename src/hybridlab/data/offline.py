@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import polars as pl
 
+from hybridlab.atomic import atomic_file, write_text
 from hybridlab.data.languages import ENGLISH, get_language, normalise_locale
 from hybridlab.data.offline_debs import DebPackage, fetch_packages, read_catalogues
 from hybridlab.data.offline_mo import REJECT_REASONS, filter_pair, read_mo
@@ -260,29 +260,15 @@ def bible_documents(n_docs: int, seed: int) -> tuple[list[dict], str]:
 
 # ------------------------------------------------------------------------------ outputs
 
-def _temp_path(path: Path) -> Path:
-    # A plain open() (not mkstemp) so the final file gets the usual umask permissions.
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def write_outputs(parallel: pl.DataFrame, mono: pl.DataFrame, manifest: dict, out_dir: Path) -> None:
     """Write the three outputs via temp files + rename; the manifest goes last and marks completion."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # no manifest <=> the set is incomplete
-    tmps: list[Path] = []
-    try:
-        for name, frame in (("parallel.parquet", parallel), ("mono.parquet", mono)):
-            tmp = _temp_path(out_dir / name)
-            tmps.append(tmp)
+    for name, frame in (("parallel.parquet", parallel), ("mono.parquet", mono)):
+        with atomic_file(out_dir / name) as tmp:
             frame.write_parquet(tmp, statistics=False)
-            os.replace(tmp, out_dir / name)
-        tmp = _temp_path(out_dir / "manifest.json")
-        tmps.append(tmp)
-        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, out_dir / "manifest.json")
-    finally:
-        for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+    write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False, sort_keys=False) + "\n",
+               encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------ orchestration

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridlab.atomic import publish
 from hybridlab.errors import HybridlabError
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _apt_download(names: list[str], cache_dir: Path, debs: Path) -> None:
             raise HybridlabError(f"apt-get download {' '.join(names)} failed: {_last_line(err)}; "
                                  f"check access to the package mirror")
         for deb in Path(tmp).glob("*.deb"):
-            os.replace(deb, debs / deb.name)
+            publish(deb, debs / deb.name)
 
 
 def _deb_field(deb: Path, field: str) -> str:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from hybridlab.atomic import atomic_file, publish, remove_stale, temp_path
 from hybridlab.errors import HybridlabError
 
 ENGLISH = "eng_Latn"
@@ -280,14 +280,13 @@ def pack_mixture(
 
 
 def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        write(tmp)
 
 
 def _save_npy(array: np.ndarray):
     def save(p: Path) -> None:
-        with open(p, "wb") as f:
+        with open(p, "wb") as f:  # a file object: np.save would append ".npy" to a temporary path
             np.save(f, array)
 
     return save
@@ -341,7 +340,8 @@ def pack_stream_to_disk(
     n_val = _whole_blocks(max(1, int(round(val_fraction * n_train))), block_rows, up=True) if val_fraction > 0 else 0
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "tokens.npy.tmp"
+    remove_stale(out / "tokens.npy")
+    tmp = temp_path(out / "tokens.npy")
     tokens = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(n_val + n_train, seq_len))
     block_perm = np.random.default_rng(seed).permutation(n_train // block_rows)
     slot = np.empty_like(block_perm)
@@ -398,7 +398,7 @@ def pack_stream_to_disk(
         )
     tokens.flush()
     del tokens
-    os.replace(tmp, out / "tokens.npy")
+    publish(tmp, out / "tokens.npy")
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in starts])
     _atomic(out / "doc_starts.npy", _save_npy(np.concatenate(starts).astype(np.int32)))

@@ -50,6 +50,7 @@ import polars as pl
 import torch
 from torch import nn
 
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_none")
@@ -367,7 +368,7 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
 
     cfg, seed = params["niah"], params["seed"]
     prompts, chat, yarn = cfg.get("prompts", "project"), bool(cfg.get("chat_template", False)), cfg.get("yarn_factor")
-    device = device or pairs.analysis_device()
+    device = resolve_device(device)
     oneruler = None
     if prompts == "oneruler":
         from hybridlab.eval.oneruler import load_language

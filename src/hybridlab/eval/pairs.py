@@ -176,23 +176,12 @@ def parallel_sample(parallel, english: str, languages: Sequence[str] | None, n_s
     return out
 
 
-def analysis_device() -> str:
-    """The accelerator when there is one (paper preset), else the CPU."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def write_table(table, path) -> None:
     """Write a polars table to `path` atomically (a killed job never leaves a truncated parquet)."""
-    import os
-    from pathlib import Path
+    from hybridlab.atomic import atomic_file
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    table.write_parquet(tmp, statistics=False)
-    os.replace(tmp, out)
+    with atomic_file(path) as tmp:
+        table.write_parquet(tmp, statistics=False)
 
 
 def mono_documents(mono, languages: Sequence[str], seed: int) -> dict[str, list[str]]:

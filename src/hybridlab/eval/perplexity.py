@@ -14,6 +14,7 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 from hybridlab.train.heldout import evaluate_perplexity
 
@@ -72,7 +73,7 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tables, token_tables, row_tables = [], [], []
 

@@ -32,6 +32,7 @@ import polars as pl
 import torch
 from torch import nn
 
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import stats
 from hybridlab.models.sites import find_decoder_layers
@@ -242,7 +243,7 @@ def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None
     from hybridlab.eval import pairs
 
     cfg = params["recency"]
-    device = device or pairs.analysis_device()
+    device = resolve_device(device)
     docs = pairs.mono_documents(mono, cfg["languages"], params["seed"])
     log(f"recency: {cfg['n_sequences']} x {cfg['input_tokens']} tokens per language {cfg['languages']}, "
         f"windows {cfg['windows']}, device {device}")

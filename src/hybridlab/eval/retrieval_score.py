@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from hybridlab.data import spaced_retrieval as sr
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 
 SCHEMA = {
@@ -229,7 +230,7 @@ def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: 
 
     test_split = take_per_gap(sr.read_split(test), params["max_examples_per_gap"])
     records_a, records_b = sr.make_ab_pairs(test_split, params["seed"])
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     frames = []
     for arm_dir in map(Path, arms):
         index_path = arm_dir / "score_checkpoints" / "index.json"

@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 
 if TYPE_CHECKING:
@@ -581,7 +582,7 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
     (hidden / attn_delta), method (exact | rff), block_tokens, rff_features, batch_size, layers_per_pass
     (0 = all in one pass), optional languages (default: every language of the corpus), sigma_convention
     (median_distance | median_sq_distance, default median_distance), alignment (kme | gram_rows, default
-    kme), n_boot (default 0)}. `device`: default `pairs.analysis_device()`. Progress goes to `log`.
+    kme), n_boot (default 0)}. `device`: default `hybridlab.device.resolve_device()`. Progress goes to `log`.
 
     The same N parallel sentences (`pairs.parallel_sample`: a seeded sample of sids present in English and
     every analysed language) are run through each model (loaded once) per language; for each kind and
@@ -619,7 +620,7 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
     texts = pairs.parallel_sample(parallel, english, cfg.get("languages"), cfg["n_sentences"], seed)
     langs = [lang for lang in texts if lang != english]
     kinds = cfg["kinds"]
-    device = device or pairs.analysis_device()
+    device = resolve_device(device)
     method = cfg["method"]
     convention = cfg.get("sigma_convention", "median_distance")
     alignment = cfg.get("alignment", "kme")

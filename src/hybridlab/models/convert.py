@@ -57,7 +57,7 @@ from torch import nn
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.cache import mixer_cache_slot
-from hybridlab.models.layers import find_decoder_layers
+from hybridlab.models.sites import decoder_layers_or_none
 from hybridlab.models.placements import FULL_ATTENTION
 
 TESTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM", "GraniteForCausalLM", "Olmo3ForCausalLM")
@@ -225,7 +225,7 @@ class MixerAttention(nn.Module):
 
 def _decoder_layers(model) -> tuple[nn.Module, nn.ModuleList]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    layers = find_decoder_layers(model) if decoder is not None else None
+    layers = decoder_layers_or_none(model) if decoder is not None else None
     if layers is None or not all(hasattr(getattr(layer, "self_attn", None), p) for layer in layers for p in _PROJ_NAMES):
         raise HybridlabError(
             f"cannot convert {type(model).__name__}: its decoder layers lack self_attn.{{q,k,v,o}}_proj; supported are "

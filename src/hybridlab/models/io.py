@@ -19,11 +19,11 @@ Files are written to a temporary name and renamed, so a killed save never leaves
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from hybridlab.atomic import atomic_file, write_text
 from hybridlab.errors import HybridlabError
 
 SPEC_FILE = "hybrid.json"
@@ -31,12 +31,6 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT = "hybridlab-hybrid"
 FORMAT_VERSION = 1
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def save_hybrid(model, path, *, tokenizer=None) -> Path:
@@ -53,9 +47,8 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
     model.config.save_pretrained(out)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(out)
-    tmp = out / (WEIGHTS_FILE + ".tmp")
-    save_model(model, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / WEIGHTS_FILE)
+    with atomic_file(out / WEIGHTS_FILE) as tmp:
+        save_model(model, str(tmp), metadata={"format": "pt"})
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -73,7 +66,7 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
         "layer_types": spec.layer_types,
         "extra": spec.extra,
     }
-    _atomic_write_text(out / SPEC_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_text(out / SPEC_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

@@ -2,8 +2,9 @@
 
 - `find_decoder_layers(model, mixer_names)` returns `(name, ModuleList)` of the decoder layers: the
   `nn.ModuleList` of length `num_hidden_layers`; if several, the one named "...layers", then the one whose
-  every layer has a token mixer. (`hybridlab.models.layers.find_decoder_layers` is the lighter lookup
-  through `get_decoder().layers` that returns the list alone, or None.)
+  every layer has a token mixer; a one-line error when there is none. `decoder_layers_or_none(model)` is
+  the same search returning the list alone, or None for a module without a config or without such a list
+  (toy models in tests; FSDP wrapping and conversion raise their own error on None).
 - `find_mixer_sites(model)`: one `MixerSite` per decoder layer. The mixer is found generically as the first
   present, non-None child among `MIXER_NAMES` (`self_attn` for dense layers and for converted hybrids whose
   wrapper replaces `self_attn`; `linear_attn` for Qwen3.5/Qwen3-Next/OLMo-Hybrid; `mamba` for
@@ -46,6 +47,26 @@ def find_decoder_layers(model: nn.Module, mixer_names: Sequence[str] = MIXER_NAM
     config = getattr(model, "config", None)
     if config is None:
         raise HybridlabError(f"{type(model).__name__} has no .config; pass a transformers causal LM")
+    n_layers, found = _decoder_candidates(model, config, mixer_names)
+    if len(found) != 1:
+        raise HybridlabError(f"could not identify the decoder layers of {type(model).__name__} (candidates: "
+                             f"{[n for n, _ in found]}); expected one ModuleList of num_hidden_layers="
+                             f"{n_layers} layers with a token mixer named one of {tuple(mixer_names)}")
+    return found[0]
+
+
+def decoder_layers_or_none(model: nn.Module, mixer_names: Sequence[str] = MIXER_NAMES) -> nn.ModuleList | None:
+    """The decoder layers `find_decoder_layers` finds, or None for a module without a config or without
+    such a list; several equally good candidates still raise its one-line error."""
+    config = getattr(model, "config", None)
+    found = _decoder_candidates(model, config, mixer_names)[1] if config is not None else []
+    if len(found) > 1:
+        return find_decoder_layers(model, mixer_names)[1]  # raises the one-line error
+    return found[0][1] if found else None
+
+
+def _decoder_candidates(model: nn.Module, config, mixer_names: Sequence[str]) -> tuple[int | None, list]:
+    """(num_hidden_layers, the candidate (name, ModuleList) pairs left by the rules) of the one search."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_layers = getattr(text_config, "num_hidden_layers", None)
     found = [(name, mod) for name, mod in model.named_modules()
@@ -55,11 +76,7 @@ def find_decoder_layers(model: nn.Module, mixer_names: Sequence[str] = MIXER_NAM
     if len(found) > 1:
         found = [(name, mod) for name, mod in found
                  if all(_present_mixers(layer, mixer_names) for layer in mod)] or found
-    if len(found) != 1:
-        raise HybridlabError(f"could not identify the decoder layers of {type(model).__name__} (candidates: "
-                             f"{[n for n, _ in found]}); expected one ModuleList of num_hidden_layers="
-                             f"{n_layers} layers with a token mixer named one of {tuple(mixer_names)}")
-    return found[0]
+    return n_layers, found
 
 
 def _present_mixers(layer: nn.Module, names: Sequence[str]) -> list[str]:

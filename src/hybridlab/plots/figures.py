@@ -45,10 +45,11 @@ import warnings
 
 import polars as pl
 
+from hybridlab.atomic import atomic_file, write_text
 from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
 from hybridlab.eval import stats
-from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, LazyModule, _atomic, new_figure, sns, themed
+from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, LazyModule, new_figure, sns, themed
 from hybridlab.plots.uncertainty import (placement_tests_table, retrieval_score_table, seed_band, spread_columns,
                                          sr_accuracy_table, tokens_to_target_table)
 
@@ -420,12 +421,13 @@ def perplexity_table(ppl: pl.DataFrame, baseline: str = "standard_periodic") -> 
 def write_table(df: pl.DataFrame, csv_path: str | Path, md_path: str | Path, decimals: int = 4) -> None:
     """Write `df` as CSV and as a Markdown table, floats rounded to `decimals` (stable text, diffable)."""
     df = df.with_columns(pl.col(pl.Float32, pl.Float64).round(decimals))
-    _atomic(Path(csv_path), lambda tmp: df.write_csv(tmp, float_precision=decimals))
+    with atomic_file(csv_path) as tmp:
+        df.write_csv(tmp, float_precision=decimals)
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
                    tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=200, tbl_width_chars=10_000,
                    float_precision=decimals, fmt_float="full"):
         text = str(df) + "\n"
-    _atomic(Path(md_path), lambda tmp: tmp.write_text(text))
+    write_text(md_path, text)
 
 
 # --- competing learning / BLD --------------------------------------------------------------------

@@ -14,11 +14,11 @@ Files are written to a temporary name and renamed, so a killed job never leaves 
 from __future__ import annotations
 
 import importlib
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hybridlab.atomic import atomic_file
 from hybridlab.errors import HybridlabError
 
 if TYPE_CHECKING:
@@ -111,13 +111,6 @@ def new_figure(n_panels: int = 1, ncols: int | None = None, *, sharex=False, sha
     return fig, flat[:n_panels]
 
 
-def _atomic(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def freeze_layout(fig: Figure) -> None:
     """Run the constrained layout once and then fix it: it iterates from the previous positions, so each
     further save would move the axes a little and two files of one figure would disagree."""
@@ -136,7 +129,8 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     if metadata is None:
         raise HybridlabError(f"cannot save a figure as '{path.name}': use a .png, .pdf or .svg file name")
     with mpl.rc_context(rc()):
-        _atomic(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, metadata=dict(metadata)))
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=DPI, metadata=dict(metadata))
     return path
 
 

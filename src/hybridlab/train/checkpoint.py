@@ -33,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
+from hybridlab.atomic import publish
 from hybridlab.errors import HybridlabError
 
 STATE_FILE = "state.pt"
@@ -118,13 +119,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizer
         torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, tmp / STATE_FILE)
         for f in tmp.iterdir():
             _fsync(f)
-        if final.exists():  # only when a step is re-written deliberately; keep the swap short
-            old = ckpt_dir / f".old_{step_dir_name(step)}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
+        publish(tmp, final)  # a step re-written deliberately replaces the old directory in a short swap
         _fsync(ckpt_dir)
         for _, path in list_checkpoints(ckpt_dir)[:-keep_last_k]:
             shutil.rmtree(path)

@@ -49,7 +49,7 @@ from torch.utils.data import default_collate
 from hybridlab.data.packing import batch_rows, batch_to, split_batch
 from hybridlab.errors import HybridlabError
 from hybridlab.models.convert import MixerAttention, hybrid_spec
-from hybridlab.models.layers import find_decoder_layers
+from hybridlab.models.sites import decoder_layers_or_none
 from hybridlab.train.losses import Projected, kl_forward_chunked, stage1_alignment_loss
 
 STAGE1_INPUTS = ("teacher", "student")
@@ -60,7 +60,7 @@ MIXER_PARAM_MARK = ".self_attn.mixer."
 
 # ---- model plumbing ------------------------------------------------------------------------------
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    layers = find_decoder_layers(model) if hasattr(model, "get_decoder") else None
+    layers = decoder_layers_or_none(model) if hasattr(model, "get_decoder") else None
     if layers is None:
         raise HybridlabError(f"{type(model).__name__} has no decoder layer list (get_decoder().layers); "
                              "distil a transformers causal LM")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 
 @dataclass(frozen=True)
@@ -52,14 +53,6 @@ class DistContext:
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
-    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise HybridlabError("device=cuda but no CUDA device is visible; set device: cpu or auto")
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def init_distributed(device_pref: str) -> DistContext:

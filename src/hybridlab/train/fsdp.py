@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from hybridlab.errors import HybridlabError
-from hybridlab.models.layers import find_decoder_layers
+from hybridlab.models.sites import decoder_layers_or_none
 from hybridlab.train.distributed import DistContext
 
 
@@ -82,7 +82,7 @@ class Engine:
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if bf16_params and ctx.device.type == "cuda" else MixedPrecisionPolicy())
         units = list(extra_units(work)) if extra_units is not None else []
-        units += list(find_decoder_layers(work) or [])
+        units += list(decoder_layers_or_none(work) or [])
         depth = {id(m): n.count(".") + 1 for n, m in work.named_modules()}
         for unit in sorted(units, key=lambda m: -depth[id(m)]):  # inner units first
             fully_shard(unit, mp_policy=mp)
@@ -187,7 +187,7 @@ class Frozen:
         if self.sharded:
             from torch.distributed.fsdp import fully_shard
 
-            for layer in find_decoder_layers(model) or []:
+            for layer in decoder_layers_or_none(model) or []:
                 fully_shard(layer)
             self._root = _Root(model)
             fully_shard(self._root)
@@ -253,7 +253,7 @@ def _restore_from(slots, full: dict[str, torch.Tensor], device: torch.device) ->
 
 
 def _enable_checkpointing(model: nn.Module) -> list[nn.Module]:
-    layers = list(find_decoder_layers(model) or [])
+    layers = list(decoder_layers_or_none(model) or [])
     if not layers:
         raise HybridlabError(f"activation_checkpointing needs decoder layers, and {type(model).__name__} has none; "
                              "set activation_checkpointing: false")

@@ -9,9 +9,9 @@ plain paths, and does the whole run:
 - **Checks before the first update** (`hybridlab.data.budget`): token ids fit the model's embedding and
   the run's tokens fit in the mixture.
 - **Training** in the shared loop (`hybridlab.train.loop.train`), on every rank under torchrun.
-- **Publishing.** Rank 0 alone writes the output directory, atomically (`publishing`: everything is
-  written to ``.<name>.tmp`` next to it, which then replaces it), with the model, ``metrics.parquet``
-  and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
+- **Publishing.** Rank 0 alone writes the output directory, atomically (`hybridlab.atomic.atomic_dir`:
+  everything is written to ``.<name>.tmp-<pid>`` next to it, which then replaces it), with the model,
+  ``metrics.parquet`` and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
 
 `pack_mixture_job` (the data phase's mixture rule) is here rather than in `hybridlab.data` because a streamed
 English mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which
@@ -28,10 +28,9 @@ import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
+from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
 
 SUMMARY_FILE = "summary.json"
@@ -42,20 +41,6 @@ def is_main() -> bool:
     """Rank 0 under torchrun (or the only process): the one that publishes outputs."""
     return int(os.environ.get("RANK", "0")) == 0
 
-
-@contextmanager
-def publishing(out: str | Path) -> Iterator[Path]:
-    """Yield an empty ``.<name>.tmp`` directory path beside `out`; on success it replaces `out` whole.
-
-    The directory itself is not created (`save_pretrained` / `save_hybrid` create it). After an error the
-    temporary directory is left for inspection and `out` is untouched.
-    """
-    out = Path(out)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    yield tmp
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
 
 
 def write_summary(directory: str | Path, summary: dict) -> None:
@@ -151,7 +136,7 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
 
     summary = {"parameters": n_params, "steps": result.step, "tokens": result.tokens,
                "heldout": final, "unigram_baseline_ce": baseline}
-    with publishing(out) as tmp:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
         write_summary(tmp, summary)
@@ -201,7 +186,8 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill as D
     from hybridlab.train.config import TrainConfig
-    from hybridlab.train.distributed import init_distributed, resolve_device
+    from hybridlab.device import resolve_device
+    from hybridlab.train.distributed import init_distributed
     from hybridlab.train.fsdp import Frozen
     from hybridlab.train.loop import METRICS_FILE, train
     from hybridlab.train.run import work_dir
@@ -292,7 +278,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
                                   {"teacher": teacher, "steps": result.step, "tokens": result.tokens}}
     summary = {"stage": stage, "steps": result.step, "tokens": result.tokens, "trainable_parameters": n_train,
                "train_seconds": seconds, "initial": initial, "final": final}
-    with publishing(out) as tmp:
+    with atomic_dir(out) as tmp:
         save_hybrid(model, tmp)
         metrics.write_parquet(tmp / METRICS_FILE)
         write_summary(tmp, summary)
@@ -398,7 +384,7 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
              "freeze_windows": plan.windows, "checkpoints": [
                  {"step": s, "fraction": s / steps, "path": f"score_checkpoints/{ckpt.path(s).name}"}
                  for s in score_at]}
-    with publishing(out) as tmp:
+    with atomic_dir(out) as tmp:
         save_hybrid(model, tmp)
         metrics = srt.add_accuracy_columns(pl.read_parquet(result.metrics_path), gaps)
         metrics.write_parquet(tmp / "metrics.parquet")
@@ -502,7 +488,7 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
                "context_len": run["context_len"], "freeze_windows": plan.windows,
                "frozen_parameters": len(plan.frozen_names), "optimizer_switch_step": plan.optimizer_switch_step,
                "optimizer_after_switch": plan.optimizer_after_switch, "heldout": final}
-    with publishing(out) as tmp:
+    with atomic_dir(out) as tmp:
         save_hybrid(model, tmp, tokenizer=tok)
         shutil.copy(work / "metrics.parquet", tmp / "metrics.parquet")
         write_summary(tmp, summary)

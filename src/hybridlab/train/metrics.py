@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import polars as pl
 import torch
 
+from hybridlab.atomic import atomic_file
 from hybridlab.errors import HybridlabError
 
 NONDETERMINISTIC_COLUMNS = ("tokens_per_s",)
@@ -73,10 +73,8 @@ class MetricsLog:
         if not self.active or not self.rows:
             return
         df = pl.from_dicts(self.rows, infer_schema_length=None)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        df.write_parquet(tmp)
-        os.replace(tmp, self.path)
+        with atomic_file(self.path) as tmp:
+            df.write_parquet(tmp)
 
     def frame(self) -> pl.DataFrame:
         return pl.from_dicts(self.rows, infer_schema_length=None) if self.rows else pl.DataFrame()

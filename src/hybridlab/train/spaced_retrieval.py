@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridlab.data import spaced_retrieval as sr
+from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
 from hybridlab.train.bld import FreezeArm
 
@@ -303,17 +304,13 @@ class ScoreCheckpointer:
         return Path(self.out_dir) / f"step_{step:06d}"
 
     def save(self, step: int, model: nn.Module) -> None:
-        import shutil
-
         from hybridlab.models.io import save_hybrid
 
         final = self.path(step)
         if final.exists():
             return
-        tmp = final.with_name(f".{final.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_hybrid(model, tmp)
-        tmp.rename(final)
+        with atomic_dir(final) as tmp:
+            save_hybrid(model, tmp)
         self.written.append(step)
 
     def __call__(self, step: int, model: nn.Module, optimizer=None) -> None:

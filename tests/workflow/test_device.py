@@ -1,0 +1,43 @@
+"""`hybridlab.device.resolve_device`: the one "cuda if available else cpu" policy, and its one-line errors."""
+
+import pytest
+import torch
+
+from hybridlab.device import DEVICES, resolve_device
+from hybridlab.errors import HybridlabError
+
+needs_cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+
+
+@needs_cpu_only
+def test_auto_and_none_are_the_cpu_without_a_gpu():
+    assert resolve_device("auto") == resolve_device(None) == resolve_device() == torch.device("cpu")
+    assert resolve_device("auto", local_rank=3) == torch.device("cpu")
+
+
+def test_cpu_is_the_cpu_and_a_torch_device_passes_through():
+    assert resolve_device("cpu") == resolve_device("cpu", 2) == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+
+
+@needs_cpu_only
+def test_cuda_without_a_gpu_is_a_one_line_error():
+    with pytest.raises(HybridlabError) as e:
+        resolve_device("cuda")
+    assert str(e.value) == "device=cuda but no CUDA device is visible; set device: cpu or auto"
+    with pytest.raises(HybridlabError, match="device=cuda:1 but no CUDA device is visible"):
+        resolve_device("cuda:1")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_auto_and_cuda_are_the_local_rank_gpu():
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("cuda", local_rank=0) == torch.device("cuda:0")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "CUDA", "mps", "", "cuda:x"])
+def test_a_bad_choice_is_a_one_line_error_naming_the_allowed_values(bad):
+    with pytest.raises(HybridlabError) as e:
+        resolve_device(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and f"device={bad!r}" in msg and all(d in msg for d in DEVICES)
