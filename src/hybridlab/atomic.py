@@ -94,14 +94,14 @@ def publish(tmp: str | Path, path: str | Path) -> Path:
 
 
 @contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
-    """Yield the temporary path to write; on success it replaces `path` (parents created), on error it is
-    removed and `path` is untouched."""
+def _atomic(path: str | Path, *, directory: bool) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(path)
     tmp = temp_path(path)
     _remove(tmp)
+    if directory:
+        tmp.mkdir()
     try:
         yield tmp
         publish(tmp, path)
@@ -110,22 +110,16 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         raise
 
 
-@contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temporary directory to fill; on success it replaces `path` whole (parents created),
-    on error it is removed and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(path)
-    tmp = temp_path(path)
-    _remove(tmp)
-    tmp.mkdir()
-    try:
-        yield tmp
-        publish(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
+def atomic_file(path: str | Path):
+    """Context manager: yield the temporary path to write; on success it replaces `path` (parents
+    created), on error it is removed and `path` is untouched."""
+    return _atomic(path, directory=False)
+
+
+def atomic_dir(path: str | Path):
+    """Context manager: yield an empty temporary directory to fill; on success it replaces `path` whole
+    (parents created), on error it is removed and `path` is untouched."""
+    return _atomic(path, directory=True)
 
 
 def write_text(path: str | Path, text: str, encoding: str | None = None) -> Path:

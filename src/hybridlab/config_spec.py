@@ -667,7 +667,7 @@ class Presets:
     """The scale presets (`--config scale=<name>` picks one)."""
 
     smoke: Preset = req("the test suite's miniature run")
-    tiny: Preset = req("the default: the whole study on CPU in about 30 minutes")
+    tiny: Preset = req("the default: the whole study on a CPU laptop")
     paper: Preset = req("the study's sizes (GPUs, the hub)")
     rehearsal: Preset = opt(UNSET, "the paper preset's code paths at miniature size, on CPU")
 
