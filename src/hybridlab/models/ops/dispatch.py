@@ -65,32 +65,6 @@ def fla_kwargs(arguments: Mapping[str, object], q: Tensor, fla_chunk_sizes: tupl
     return kwargs
 
 
-def _binder(fn: Callable) -> Callable[[tuple, dict], dict[str, object]]:
-    """``bind(args, kwargs)``: every argument of a call to ``fn`` by name, defaults filled in.
-
-    The same as ``inspect.signature(fn).bind(...)`` with ``apply_defaults()``, several times faster
-    (the ops are called once per layer and token when decoding); a call that does not fit the
-    signature goes through ``Signature.bind`` and raises its ``TypeError``.
-    """
-    signature = inspect.signature(fn)
-    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values()):
-        raise TypeError(f"fla_dispatch: {fn.__name__} may only have plain (positional-or-keyword) arguments")
-    names = tuple(signature.parameters)
-    known = frozenset(names)
-    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty}
-
-    def bind(args: tuple, kwargs: dict) -> dict[str, object]:
-        if len(args) <= len(names) and known.issuperset(kwargs) and kwargs.keys().isdisjoint(names[:len(args)]):
-            bound = {**defaults, **dict(zip(names, args)), **kwargs}
-            if len(bound) == len(names):
-                return bound
-        bound = signature.bind(*args, **kwargs)  # raises the TypeError of a bad call
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
-    return bind
-
-
 def fla_dispatch(
     fla_module: str,
     fla_name: str,
@@ -112,13 +86,15 @@ def fla_dispatch(
 
     def decorate(cpu_impl: Callable) -> Callable:
         op = cpu_impl.__name__
-        bind = _binder(cpu_impl)
-        seq_names = [name for name in SEQUENCE_ARGS if name in inspect.signature(cpu_impl).parameters]
+        signature = inspect.signature(cpu_impl)
+        seq_names = [name for name in SEQUENCE_ARGS if name in signature.parameters]
         module_globals = cpu_impl.__globals__  # the op module's fla_op, looked up per call (tests replace it)
 
         @functools.wraps(cpu_impl)
         def public_op(*args, **kwargs):
-            a = bind(args, kwargs)
+            bound = signature.bind(*args, **kwargs)  # a bad call raises Python's usual TypeError
+            bound.apply_defaults()
+            a = bound.arguments
             q, cu_seqlens = a["q"], a.get("cu_seqlens")
             check_inputs(op, q, a["k"], a["v"], a["g"], a.get("beta"), a["initial_state"], per_channel_g,
                          a.get("chunk_size"), allow_gva=allow_gva, cu_seqlens=cu_seqlens)
