@@ -18,6 +18,7 @@ if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
 from hybridlab.errors import HybridlabError  # noqa: E402
+from hybridlab.train.jobs import is_main  # noqa: E402
 
 
 def parser(description: str, params: str | None = None) -> argparse.ArgumentParser:
@@ -29,12 +30,6 @@ def parser(description: str, params: str | None = None) -> argparse.ArgumentPars
                    if params else "JSON object of rule parameters")
     return p
 
-
-def is_main() -> bool:
-    """Rank 0 under torchrun (or the only process): the one that publishes outputs."""
-    import os
-
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def load_params(text: str) -> dict:

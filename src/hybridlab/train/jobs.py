@@ -42,7 +42,6 @@ def is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-
 def write_summary(directory: str | Path, summary: dict) -> None:
     (Path(directory) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, sort_keys=True))
 
