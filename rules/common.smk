@@ -514,13 +514,17 @@ _EV = lambda name: R("eval", f"{name}.parquet")
 _DISTILL_RUNS = _runs(
     "distill", [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage2", s)) for t, p, m in STUDENTS for s in DISTILL_SEEDS]
 )
+_DISTILL1_RUNS = _runs(
+    "distill_stage1",
+    [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage1", s)) for t, p, m in STUDENTS for s in DISTILL_SEEDS],
+)
 _SR_RUNS = _runs("bld_sr", [(a, s, bld_sr_dir(a, s)) for a in bld_sr_arms() for s in SR_SEEDS])
 _NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for s in NL_SEEDS])
 
 # The figure and table registry is hybridlab.plots.figures (FIGURES, TABLES: name -> drawing function and the
 # input tables it reads); the rules derive one job per entry from it, with each input table's files:
 # an eval table is one parquet file, a training study (distill, bld_sr, bld_nl) one metrics file per run.
-_INPUT_FILES = {"distill": _DISTILL_RUNS, "bld_sr": _SR_RUNS, "bld_nl": _NL_RUNS}
+_INPUT_FILES = {"distill": _DISTILL_RUNS, "distill_stage1": _DISTILL1_RUNS, "bld_sr": _SR_RUNS, "bld_nl": _NL_RUNS}
 
 
 def _inputs(needs):

@@ -6,7 +6,7 @@
         --tables perplexity=... --out-csv t.csv --out-md t.md
 
 `--tables NAME=PATH` (parquet). Training logs come one file per run as `NAME/RUN=PATH` with NAME one of
-`hybridlab.plots.figures.RUN_TABLES` (distill, bld_sr, bld_nl); they are concatenated into table NAME
+`hybridlab.plots.figures.RUN_TABLES` (distill, distill_stage1, bld_sr, bld_nl); they are concatenated into table NAME
 with a `run` column (e.g. `distill/teacher/sandwich-gdn=.../metrics.parquet`). Figures and tables are
 defined in `hybridlab.plots.figures` (`read_tables`, `render_outputs`); saving is byte-stable.
 """

@@ -90,6 +90,38 @@ def test_tokens_to_target_from_smoothed_curves_hand_computed():
     assert base["fraction"].to_list() == pytest.approx([1.0] * 4)
 
 
+def _stage1(seeds=(0, 1)):
+    """Stage-1 logs at tokens 0, 50, 100 ending where `_distill`'s stage 2 starts: every placement from 9."""
+    frames = {}
+    starts = {"standard_periodic": 5.0, "sandwich": 4.0, "endpoint_spread": 0.9}
+    for s in seeds:
+        for p, end in starts.items():
+            frames[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": [0, 1, 2], "tokens": [0, 50, 100],
+                                                         "eval/ce": [9.0, (9.0 + end) / 2, end]})
+    return figures.concat_runs(frames)
+
+
+def test_tokens_to_target_over_both_stages_is_not_degenerate():
+    joined = U.join_stages(_distill(), _stage1())
+    ep = joined.filter((pl.col("run") == "t/endpoint_spread-gdn") & (pl.col("seed") == 0)).sort("tokens")
+    # stage 2 shifted by stage 1's 100 tokens; its step-0 row sits on stage 1's last point (7 points, not 8)
+    assert ep["tokens"].to_list() == [0, 50, 100, 100, 200, 300, 400, 500]
+    assert ep["stage"].to_list() == [1, 1, 1, 2, 2, 2, 2, 2]
+    df = U.tokens_to_target_table(_distill(), _stage1(), window=1)
+    assert set(df["span"].to_list()) == {"stage1+2"}
+    full = df.filter(pl.col("level") == 1.0)
+    # baseline: 9 at 0 -> 7 at 50 -> 5 at 100, then 4, 3, 2, 1 at 200..500: s_0 - (s_0 - s_last) = 1 at 500 tokens
+    assert full.filter(pl.col("placement") == "standard_periodic")["target"].item() == pytest.approx(1.0)
+    # endpoint_spread: 9 -> 4.95 at 50 -> 0.9 at 100: crosses 1 at 50 + 50 * (4.95 - 1) / (4.95 - 0.9) tokens
+    x = 50 + 50 * (4.95 - 1.0) / (4.95 - 0.9)
+    r = full.filter(pl.col("placement") == "endpoint_spread").row(0, named=True)
+    assert r["fraction"] == pytest.approx(x / 500) and r["n_below_at_start"] == 0
+    # sandwich: 9 -> 6.5 -> 4 at 100, then 3, 2, 1 at 200, 300, 400
+    assert full.filter(pl.col("placement") == "sandwich")["fraction"].item() == pytest.approx(400 / 500)
+    with pytest.raises(HybridlabError, match="no stage-1 metrics"):
+        U.join_stages(_distill(), _stage1(seeds=(0,)))
+
+
 def _score():
     rows = []
     for s in (0, 1):

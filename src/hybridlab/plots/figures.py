@@ -772,10 +772,11 @@ CAPTIONS = {
     "table_placement_tests": "Each placement vs standard periodic per language (and pooled): token-pooled CE / KL "
                              "difference with its t-interval across seeds and its bootstrap CI over held-out rows, "
                              "paired permutation and sign tests over rows, and the verdict.",
-    "table_tokens_to_target": "Tokens to target from smoothed distillation curves: the fraction of standard "
-                              "periodic's tokens each placement needs to reach 50 / 80 / 90 / 100 % of the "
-                              "baseline's smoothed improvement, mean and t-interval across seeds; seeds already "
-                              "past a target at their first evaluation are counted (upper bounds).",
+    "table_tokens_to_target": "Tokens to target from smoothed distillation curves over both stages (from the "
+                              "converted model): the fraction of standard periodic's tokens each placement needs "
+                              "to reach 50 / 80 / 90 / 100 % of the baseline's smoothed improvement, mean and "
+                              "t-interval across seeds; seeds already past a target at their first evaluation "
+                              "are counted (upper bounds).",
     "table_retrieval_score": "Final Layer Retrieval Ability Score per BLD-SR arm and layer (mean over gaps): mean "
                              "and t-interval across seeds.",
     "table_sr_accuracy": "Final Spaced Retrieval validation accuracy per BLD-SR arm and gap: mean and t-interval "
@@ -804,7 +805,7 @@ FIGURES = {
     "fig_position_loss": (position_loss, ["position_loss"]),
     "fig_retrieval_heads": (retrieval_heads, ["retrieval_heads", "retrieval_heads_masking"]),
 }
-RUN_TABLES = ("distill", "bld_sr", "bld_nl")  # given as one metrics file per run: `<table>/<run>=path`
+RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl")  # one metrics file per run: `<table>/<run>=path`
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),
     "table_kl_reduction": (kl_reduction_table, ["perplexity"]),
@@ -812,11 +813,12 @@ TABLES = {
     "table_bld_nl": (bld_nl_table, ["bld_nl", "position_loss_summary"]),
     "table_lm_benchmarks": (lm_benchmarks_table, ["lm_benchmarks"]),  # paper preset only
     "table_placement_tests": (placement_tests_table, ["perplexity_rows"]),
-    "table_tokens_to_target": (tokens_to_target_table, ["distill"]),
+    "table_tokens_to_target": (tokens_to_target_table, ["distill", "distill_stage1"]),
     "table_retrieval_score": (retrieval_score_table, ["retrieval_score"]),
     "table_sr_accuracy": (sr_accuracy_table, ["bld_sr"]),
     "table_findings": (lambda *a, **k: _findings.findings_table(*a, **k),
-                       ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl"]),
+                       ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl",
+                        "distill_stage1"]),
 }
 
 

@@ -60,9 +60,10 @@ def _sign_p(values) -> float:
 # --- multilinguality ----------------------------------------------------------------------------------
 
 
-def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str) -> list[dict]:
+def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
+                    stage1: pl.DataFrame | None = None) -> list[dict]:
     out = []
-    tt = U.tokens_to_target_table(distill, baseline)
+    tt = U.tokens_to_target_table(distill, stage1, baseline)
     full = tt.filter((pl.col("level") == 1.0) & (pl.col("placement") != baseline))
     for r in full.iter_rows(named=True):
         note = f"{r['n_below_at_start']} of {r['n_seeds']} seeds already past the target at their first evaluation " \
@@ -72,7 +73,8 @@ def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str) ->
         out.append(_row(MULTI, "FA-first placements reach standard periodic's final loss with fewer tokens "
                                "(study: 34.5-42.5 % of the tokens)",
                         f"{r['teacher']}/{r['mixer']}: {r['placement']} vs {baseline}",
-                        "fraction of the baseline's tokens to reach its smoothed final held-out CE, minus 1",
+                        "fraction of the baseline's tokens to reach its smoothed final held-out CE, minus 1 "
+                        f"(curves over {'both distillation stages' if r['span'] == 'stage1+2' else 'stage 2'})",
                         -1, r["fraction"] - 1.0, r["fraction_lo"] - 1.0, r["fraction_hi"] - 1.0,
                         "seeds (t-interval)", r["n_reached"], "", math.nan, "table_tokens_to_target", note))
     tests = U.placement_tests_table(rows, baseline)
@@ -252,9 +254,11 @@ def _bld_nl_rows(nl_runs: pl.DataFrame) -> list[dict]:
 
 def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka: pl.DataFrame, niah: pl.DataFrame,
                    retrieval_score: pl.DataFrame, bld_sr: pl.DataFrame, bld_nl: pl.DataFrame,
-                   baseline: str = "standard_periodic") -> pl.DataFrame:
-    """Every finding of both studies with effect, CI and verdict (see the module docstring)."""
-    rows = (_placement_rows(perplexity_rows, distill, baseline) + _softcka_rows(softcka) + _niah_rows(niah)
+                   distill_stage1: pl.DataFrame | None = None, baseline: str = "standard_periodic") -> pl.DataFrame:
+    """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
+    spans both distillation stages when `distill_stage1` is given (`uncertainty.tokens_to_target_table`)."""
+    rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1) + _softcka_rows(softcka)
+            + _niah_rows(niah)
             + _bld_sr_rows(retrieval_score, bld_sr) + _bld_nl_rows(bld_nl))
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")

@@ -157,6 +157,28 @@ def curve_targets(tokens, values, levels=TARGET_LEVELS, window: int = 3) -> list
     return [float(s[0] - q * (s[0] - s[-1])) for q in levels]
 
 
+def join_stages(stage2: pl.DataFrame, stage1: pl.DataFrame) -> pl.DataFrame:
+    """One distillation curve per (run, seed) over both stages: stage 1's log as it is, then stage 2's with its
+    tokens shifted by stage 1's last token count (stage 2's step-0 evaluation is the stage-1 model, so it
+    lands on stage 1's last point and replaces it). Adds column `stage` (1 or 2). One-line error when a
+    stage-2 run has no stage-1 log."""
+    if stage2.is_empty():
+        return stage2.with_columns(stage=pl.lit(2, pl.Int64))
+    keys = ["run", "seed"]
+    ends = stage1.group_by(keys).agg(offset=pl.col("tokens").max())
+    s2 = stage2.join(ends, on=keys, how="left", nulls_equal=True)
+    missing = s2.filter(pl.col("offset").is_null()).select(keys).unique().rows()
+    if missing:
+        run, seed = missing[0]
+        raise HybridlabError(f"distillation run {run} (seed {seed}) has no stage-1 metrics; pass its stage-1 "
+                             "metrics.parquet as distill_stage1/seed<N>/<run>=PATH")
+    s2 = s2.with_columns(tokens=pl.col("tokens") + pl.col("offset"), stage=pl.lit(2, pl.Int64)).drop("offset")
+    s1 = stage1.join(ends.select(keys), on=keys, how="semi", nulls_equal=True).with_columns(stage=pl.lit(1, pl.Int64))
+    # only the runs of stage 2 (a stage-1 log of a run without stage 2 is not a curve of this table)
+    s1 = s1.join(stage2.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
+    return pl.concat([s1, s2], how="diagonal_relaxed").sort(keys + ["tokens", "stage"], nulls_last=True)
+
+
 def tokens_to_targets(runs: pl.DataFrame, baseline: str, column: str = "eval/ce", levels=TARGET_LEVELS,
                       window: int = 3) -> pl.DataFrame:
     """Per (teacher, mixer, placement, seed, level): tokens at which the smoothed curve reaches the same
@@ -246,10 +268,15 @@ def _distill_columns(runs: pl.DataFrame) -> pl.DataFrame:
     return out if "seed" in out.columns else out.with_columns(seed=pl.lit(None, pl.Int64))
 
 
-def tokens_to_target_table(runs: pl.DataFrame, baseline: str = "standard_periodic", column: str = "eval/ce",
+def tokens_to_target_table(runs: pl.DataFrame, stage1: pl.DataFrame | None = None,
+                           baseline: str = "standard_periodic", column: str = "eval/ce",
                            levels=TARGET_LEVELS, window: int = 3) -> pl.DataFrame:
-    """Tokens to target from smoothed stage-2 curves, at several targets, aggregated over seeds.
+    """Tokens to target from smoothed distillation curves, at several targets, aggregated over seeds.
 
+    `runs`: the stage-2 logs; with `stage1` (the stage-1 logs) each curve spans the whole distillation from
+    the converted model (`join_stages`, column span = "stage1+2"), otherwise stage 2 alone (span "stage2").
+    Stage 2 alone is degenerate when an arm starts it already past the baseline's final loss: the converted
+    model with freshly initialised mixers is far above every target, so the two-stage curve always crosses.
     Per seed, the baseline placement's curve smoothed (centred running mean over `window` evaluations)
     gives the targets s_0 - q (s_0 - s_last) for q in `levels`; every placement's smoothed curve of the same
     seed is read at each target (`tokens_to_targets`). One row per (teacher, mixer, placement, level):
@@ -259,6 +286,9 @@ def tokens_to_target_table(runs: pl.DataFrame, baseline: str = "standard_periodi
     """
     if column not in runs.columns:
         raise HybridlabError(f"distill metrics lack column '{column}'; rebuild the distill_stage2 runs")
+    span = "stage2"
+    if stage1 is not None:
+        runs, span = join_stages(runs, stage1), "stage1+2"
     per = tokens_to_targets(_distill_columns(runs), baseline, column, levels, window)
     rows = []
     keys = ["teacher", "mixer", "placement", "level"]
@@ -270,8 +300,9 @@ def tokens_to_target_table(runs: pl.DataFrame, baseline: str = "standard_periodi
                      "n_seeds_total": g.height, "n_reached": reached.height,
                      "n_below_at_start": int(g["below_at_start"].sum())})
     df = pl.DataFrame(rows, orient="row").rename({"n_seeds": "n_seeds_reached", "n_seeds_total": "n_seeds"})
-    return df.select("teacher", "mixer", "placement", "level", "target", "n_seeds", "n_reached", "n_below_at_start",
-                     "fraction", "fraction_lo", "fraction_hi", "tokens")
+    return df.with_columns(span=pl.lit(span)).select(
+        "teacher", "mixer", "placement", "span", "level", "target", "n_seeds", "n_reached", "n_below_at_start",
+        "fraction", "fraction_lo", "fraction_hi", "tokens")
 
 
 def final_retrieval_scores(score: pl.DataFrame) -> pl.DataFrame:
