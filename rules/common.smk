@@ -131,6 +131,23 @@ def launcher(n_gpu, at_least=1):
 # (paper preset) get 8 CPU threads for data loading and the optimizer.
 TRAIN_THREADS = 8 if ON_GPU else 1
 
+# Scheduling order when more jobs are ready than cores (Snakemake runs the highest priority first). Without it
+# the local scheduler started the 24 BLD-SR arms before the tokenizer, so the teacher, the longest single job
+# and the head of the whole distillation chain, started only after all of them. Data, then the teacher, then
+# the Spaced Retrieval runs and their one retrieval-score job (which overlaps with distillation), then
+# distillation; the per-study evaluations and the figures fill the end.
+PRIORITY = {
+    "data": 100,
+    "teacher": 90,
+    "sr_eval": 60,
+    "bld_sr": 50,
+    "bld_nl": 45,
+    "nl_eval": 40,
+    "distill": 30,
+    "eval": 20,
+    "figures": 10,
+}
+
 
 # ----------------------------------------------------------------------------------------------------
 # Data phase: paths and params of rules/data.smk

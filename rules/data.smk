@@ -10,6 +10,7 @@ rule corpus:
         LOG("data", "corpus"),
     benchmark:
         BENCH("data", "corpus")
+    priority: PRIORITY["data"]
     conda:
         CPU_ENV
     resources:
@@ -38,6 +39,7 @@ rule tokenizer:
         BENCH("data", "tokenizer_{tok}")
     wildcard_constraints:
         tok="|".join(TOKENIZERS),
+    priority: PRIORITY["data"]
     conda:
         CPU_ENV
     resources:
@@ -72,6 +74,7 @@ rule mixture:
     wildcard_constraints:
         tok="|".join(TOKENIZERS),
         name="multilingual|english",
+    priority: PRIORITY["data"]
     conda:
         CPU_ENV
     resources:
@@ -94,6 +97,7 @@ rule spaced_retrieval:
         LOG("data", "spaced_retrieval"),
     benchmark:
         BENCH("data", "spaced_retrieval")
+    priority: PRIORITY["data"]
     conda:
         CPU_ENV
     resources:

@@ -14,6 +14,7 @@ rule eval_softcka:
         LOG("eval", "softcka"),
     benchmark:
         BENCH("eval", "softcka")
+    priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -40,6 +41,7 @@ rule eval_recency:
         LOG("eval", "recency"),
     benchmark:
         BENCH("eval", "recency")
+    priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -65,6 +67,7 @@ rule eval_fertility:
         LOG("eval", "fertility"),
     benchmark:
         BENCH("eval", "fertility")
+    priority: PRIORITY["eval"]
     conda:
         CPU_ENV
     threads: 1
@@ -98,6 +101,7 @@ rule eval_perplexity:
         LOG("eval", "perplexity"),
     benchmark:
         BENCH("eval", "perplexity")
+    priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
     resources:
@@ -139,6 +143,7 @@ rule eval_niah:
         LOG("eval", "niah"),
     benchmark:
         BENCH("eval", "niah")
+    priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -165,6 +170,7 @@ rule eval_retrieval_score:
         LOG("eval", "retrieval_score"),
     benchmark:
         BENCH("eval", "retrieval_score")
+    priority: PRIORITY["sr_eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -193,6 +199,7 @@ rule eval_retrieval_heads:
         LOG("eval", "retrieval_heads"),
     benchmark:
         BENCH("eval", "retrieval_heads")
+    priority: PRIORITY["nl_eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -225,6 +232,7 @@ rule eval_position_loss:
         LOG("eval", "position_loss"),
     benchmark:
         BENCH("eval", "position_loss")
+    priority: PRIORITY["nl_eval"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
@@ -256,6 +264,7 @@ rule eval_lm_benchmarks:
         LOG("eval", "lm_benchmarks"),
     benchmark:
         BENCH("eval", "lm_benchmarks")
+    priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
     resources:

@@ -14,6 +14,7 @@ rule figure:
         BENCH("figures", "{fig}")
     wildcard_constraints:
         fig="|".join(FIGURES),
+    priority: PRIORITY["figures"]
     conda:
         CPU_ENV
     threads: 1
@@ -44,6 +45,7 @@ rule table:
         BENCH("figures", "{table}")
     wildcard_constraints:
         table="|".join(TABLES),
+    priority: PRIORITY["figures"]
     conda:
         CPU_ENV
     threads: 1

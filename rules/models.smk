@@ -13,6 +13,7 @@ rule teacher:
         LOG("models", "teacher_{teacher}"),
     benchmark:
         BENCH("models", "teacher_{teacher}")
+    priority: PRIORITY["teacher"]
     conda:
         CUDA_ENV
     resources:
@@ -56,6 +57,7 @@ rule convert:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
+    priority: PRIORITY["distill"]
     conda:
         CPU_ENV
     resources:

@@ -20,6 +20,7 @@ rule distill_stage1:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
+    priority: PRIORITY["distill"]
     conda:
         CUDA_ENV
     threads: TRAIN_THREADS
@@ -58,6 +59,7 @@ rule distill_stage2:
         placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
+    priority: PRIORITY["distill"]
     conda:
         CUDA_ENV
     threads: TRAIN_THREADS
@@ -94,6 +96,7 @@ rule bld_sr:
     wildcard_constraints:
         arm=bld_sr_arm_regex(),
         seed=SEED_RE,
+    priority: PRIORITY["bld_sr"]
     conda:
         CUDA_ENV
     # One thread per arm on CPU: these tiny models are overhead-bound, so two arms side by side finish
@@ -136,6 +139,7 @@ rule bld_nl:
     wildcard_constraints:
         arm="|".join(BLD_NL_ARMS),
         seed=SEED_RE,
+    priority: PRIORITY["bld_nl"]
     conda:
         CUDA_ENV
     # One thread per arm on CPU (as bld_sr): these small models are overhead-bound, so two arms side by side
