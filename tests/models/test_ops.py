@@ -144,9 +144,18 @@ def test_outputs_without_final_state_and_custom_scale(kind):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.fixture(params=["folded", "element-wise"])
+def diagonal_path(request, monkeypatch):
+    """Both ways of the per-channel ops' diagonal blocks: folded into the GEMM (mild decays, the default
+    here) or element-wise (forced by a negative span limit, as for decays stronger than FOLD_SPAN)."""
+    if request.param == "element-wise":
+        monkeypatch.setattr(common, "FOLD_SPAN", -1.0)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("chunk_size", [4, 16])
-def test_chunk_gradients_match_naive_fp64(kind, chunk_size):
+def test_chunk_gradients_match_naive_fp64(kind, chunk_size, diagonal_path):
     inputs = [x.requires_grad_() for x in make_inputs(kind, T=19)]
     q, k, v, g, beta, h0 = inputs
     wanted = [q, k, v, g, h0] + ([beta] if kind != "gla" else [])
@@ -291,7 +300,7 @@ def test_gla_rejects_grouped_value_heads():
 
 
 @pytest.mark.parametrize("C", [6, 16, 64])
-def test_per_channel_scores_match_brute_force(C):
+def test_per_channel_scores_match_brute_force(C, diagonal_path):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
     k = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
@@ -299,6 +308,32 @@ def test_per_channel_scores_match_brute_force(C):
     (P,) = common.per_channel_scores([x], k, b)
     brute = torch.einsum("nzid,nzjd,nzijd->nzij", x, k, (b[:, :, :, None] - b[:, :, None, :]).exp())
     torch.testing.assert_close(P, brute.tril(), rtol=1e-12, atol=1e-12)
+
+
+def test_diagonal_is_folded_only_within_the_span_limit():
+    # C = 16: sub-chunks of 4 tokens, so a sub-chunk spans 3 steps of log-decay
+    ws = common.Scratch()
+    mild = torch.full((2, 16, 3), -common.FOLD_SPAN / 3 + 0.01, dtype=torch.float64).cumsum(1)
+    assert common._score_parts(mild, ws)[3] is None
+    strong = torch.full((2, 16, 3), -common.FOLD_SPAN / 3 - 0.01, dtype=torch.float64).cumsum(1)
+    assert common._score_parts(strong, common.Scratch())[3].shape == (2, 4, 4, 4, 3)
+
+
+@pytest.mark.parametrize("kind", ["kda", "gla"])
+def test_mixed_decay_chunks_gradients_match_naive_fp64(kind):
+    # chunk 0 mild (folded), chunk 1 with log-decays of -12 per token (span 36 > 30: element-wise), chunk 2 mild
+    q, k, v, g, beta, h0 = make_inputs(kind, T=48)
+    g = g.detach().clone()
+    g[:, 16:32] = -12.0
+    inputs = [x.requires_grad_() for x in (q, k, v, g, beta, h0)]
+    wanted = inputs[:4] + ([inputs[4]] if kind == "kda" else [])
+
+    def grads(fn, **kw):
+        o, S = call(fn, kind, *inputs[:5], initial_state=inputs[5], output_final_state=True, **kw)
+        return torch.autograd.grad(o.square().sum() + S.sum(), wanted)
+
+    for got, ref in zip(grads(CHUNK[kind], chunk_size=16), grads(NAIVE[kind])):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
 
 
 def test_chunk_view_is_the_chunk_layout_without_a_copy():

@@ -212,7 +212,14 @@ class Scratch(dict):
         return self[key]
 
 
-def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+# Largest decay span b_r - b_e (first minus last token of a sub-chunk, any channel) for which the diagonal
+# blocks go through the same GEMM as the rest (`_score_parts`): their key factor exp(b_r - b_j) is then at
+# most e^30 ~ 1e13 and the row factor at least e^-30, both far inside fp32's range, so the product is as
+# accurate as the element-wise form.
+FOLD_SPAN = 30.0
+
+
+def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Decay factors of :func:`per_channel_scores` for one ``[Z, C, K]`` slab of cumulative log-decays.
 
     With ``r_s`` / ``e_s`` the first / last token of sub-chunk s: ``row_scale [Z, S, c, K] = exp(b_i - b_r)``
@@ -222,6 +229,12 @@ def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Te
     c_j, K] = exp(b_i - b_j)`` for ``j <= i``, 0 elsewhere. Every exponent is ``<= 0`` (differences are
     clamped before ``exp`` and the masked entries zeroed after it, never ``exp(-inf)``: that is the slow
     path of the vectorised exp, ~6x its normal cost), so every factor lies in [0, 1].
+
+    Folded diagonal (``decay`` is None): when no sub-chunk spans more than ``FOLD_SPAN`` of log-decay,
+    ``link_ss = exp(b_{r_s} - b_{e_s}) >= 1`` is set too, so the diagonal blocks come out of the same GEMM
+    as the earlier sub-chunks (``exp(b_i - b_j) = row_scale_i link_ss col_scale_j``, upper triangle masked
+    afterwards) and the ``[Z, S, c, c, K]`` element-wise work is skipped. Stronger decays take the
+    element-wise path, whose factors never exceed 1.
     """
     Z, C, K = b_ZCK.shape
     c = sub_chunk_size(C)
@@ -231,6 +244,10 @@ def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Te
     row_scale = torch.sub(b_blk, ref, out=ws.get("row_scale", (Z, S, c, K), b_ZCK)).exp_()
     col_scale = torch.sub(last, b_blk, out=ws.get("col_scale", (Z, S, c, K), b_ZCK)).exp_()
     link = torch.sub(ref[:, :, None], last[:, None], out=ws.get("link", (Z, S, S, 1, K), b_ZCK))
+    fold = c > 1 and float(link.diagonal(dim1=1, dim2=2).max()) <= FOLD_SPAN
+    if fold:  # t <= s: exp(b_{r_s} - b_{e_t}), <= 1 for t < s and <= e^FOLD_SPAN on the diagonal
+        link.clamp_max_(FOLD_SPAN).exp_().mul_(ws.mask(S, 0, b_ZCK)[:, :, None, None])
+        return row_scale, col_scale, link, None
     link.clamp_max_(0.0).exp_().mul_(ws.mask(S, -1, b_ZCK)[:, :, None, None])
     # decay row by row: exp(b_i - b_j) = a_i exp(b_{i-1} - b_j) with a_i = exp(b_i - b_{i-1}) <= 1, so only
     # C x K exponentials instead of C x c x K (the exponential costs ~10 multiplications on CPU)
@@ -245,7 +262,8 @@ def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Te
 
 
 def _key_cols(parts, k_ZCK: Tensor, ws: Scratch) -> Tensor:
-    """``[Z, S, C, K]``: row s holds ``k_j exp(b_{r_s} - b_j)`` for columns j before sub-chunk s, else 0."""
+    """``[Z, S, C, K]``: row s holds ``k_j exp(b_{r_s} - b_j)`` for columns j before sub-chunk s (and in it,
+    when the diagonal is folded), else 0."""
     _, col_scale, link, _ = parts
     Z, S, c, K = col_scale.shape
     kc = torch.mul(k_ZCK.view(Z, S, c, K), col_scale, out=ws.get("k_col", (Z, S, c, K), k_ZCK))
@@ -272,11 +290,16 @@ def _scores(parts, rows: list[Tensor], k_ZCK: Tensor, ws: Scratch, outs: list[Te
     C, R = S * c, len(rows)
     k_cols = _key_cols(parts, k_ZCK, ws).view(Z * S, C, K)
     x_rows = _row_stack(parts, rows, ws)
-    off = ws.get("off", (Z, S, R * c, C), k_ZCK)  # blocks at and above the diagonal come out 0
+    off = ws.get("off", (Z, S, R * c, C), k_ZCK)  # blocks above (folded: after) the diagonal come out 0
     torch.bmm(x_rows.view(Z * S, R * c, K), k_cols.mT, out=off.view(Z * S, R * c, C))
+    outs = [k_ZCK.new_empty(Z, C, C) for _ in rows] if outs is None else outs
+    if decay is None:  # folded: row block s holds P's rows of sub-chunk s; mask the diagonal blocks' upper part
+        tril = ws.mask(C, 0, k_ZCK).view(S, c, C)
+        for r, out in enumerate(outs):
+            torch.mul(off[:, :, r * c:(r + 1) * c], tril, out=out.view(Z, S, c, C))
+        return outs
     k_dec = torch.mul(decay, k_ZCK.view(Z, S, 1, c, K), out=ws.get("k_dec", decay.shape, k_ZCK))  # [Z, S, c_i, c_j, K]
     tmp = ws.get("tmp5", decay.shape, k_ZCK)
-    outs = [k_ZCK.new_empty(Z, C, C) for _ in rows] if outs is None else outs
     for r, (x, out) in enumerate(zip(rows, outs)):
         blocks = out.view(Z, S, c, S, c)
         blocks.copy_(off[:, :, r * c:(r + 1) * c].view(Z, S, c, S, c))
@@ -297,7 +320,12 @@ def _scores_backward(parts, rows: list[Tensor], k_ZCK: Tensor, grads: list[Tenso
     C, R = S * c, len(rows)
     k_cols = _key_cols(parts, k_ZCK, ws).view(Z * S, C, K)
     x_rows = _row_stack(parts, rows, ws)
-    if R == 1:
+    if decay is None:  # folded diagonal: its upper part must not reach the GEMMs
+        tril = ws.mask(C, 0, k_ZCK).view(S, c, C)
+        dP_off = ws.get("dP_off", (Z, S, R * c, C), k_ZCK)
+        for r, g in enumerate(grads):
+            torch.mul(g.view(Z, S, c, C), tril, out=dP_off[:, :, r * c:(r + 1) * c])
+    elif R == 1:
         dP_off = grads[0].reshape(Z, S, c, C)
     else:
         dP_off = ws.get("dP_off", (Z, S, R * c, C), k_ZCK)
@@ -308,6 +336,13 @@ def _scores_backward(parts, rows: list[Tensor], k_ZCK: Tensor, grads: list[Tenso
     dx_off = dx_off.view(Z, S, R, c, K).mul_(row_scale[:, :, None])
     G = torch.bmm(dP_flat.mT, x_rows.view(Z * S, R * c, K), out=ws.get("G", (Z * S, C, K), k_ZCK))
     dk = G.view(Z, S, S, c, K).mul_(link).sum(1).mul_(col_scale).view(Z, C, K)
+    if decay is None:  # folded: the GEMMs covered the diagonal blocks
+        dxs = [dx_off[:, :, r].reshape(Z, C, K) for r in range(R)]
+        db = k_ZCK * dk
+        db.neg_()
+        for x, dx in zip(rows, dxs):
+            db.addcmul_(x, dx)
+        return dxs, dk, db
     # diagonal blocks: element-wise (as batched products they would be 1024 tiny c x K matrices)
     k_dec = torch.mul(decay, k_ZCK.view(Z, S, 1, c, K), out=ws.get("k_dec", decay.shape, k_ZCK))
     tmp = ws.get("tmp5", decay.shape, k_ZCK)
