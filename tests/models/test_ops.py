@@ -311,12 +311,16 @@ def test_per_channel_scores_match_brute_force(C, diagonal_path):
 
 
 def test_diagonal_is_folded_only_within_the_span_limit():
-    # C = 16: sub-chunks of 4 tokens, so a sub-chunk spans 3 steps of log-decay
-    ws = common.Scratch()
-    mild = torch.full((2, 16, 3), -common.FOLD_SPAN / 3 + 0.01, dtype=torch.float64).cumsum(1)
-    assert common._score_parts(mild, ws)[3] is None
-    strong = torch.full((2, 16, 3), -common.FOLD_SPAN / 3 - 0.01, dtype=torch.float64).cumsum(1)
-    assert common._score_parts(strong, common.Scratch())[3].shape == (2, 4, 4, 4, 3)
+    # C = 16: sub-chunks of 16, 8 or 4 tokens span 15, 7 or 3 steps of log-decay
+    def parts(step):
+        return common._score_parts(torch.full((2, 16, 3), step, dtype=torch.float64).cumsum(1), common.Scratch())
+
+    limit = common.FOLD_SPAN
+    assert parts(-limit / 15 + 0.01)[0].shape == (2, 1, 16, 3) and parts(-limit / 15 + 0.01)[3] is None
+    assert parts(-limit / 7 + 0.01)[0].shape == (2, 2, 8, 3) and parts(-limit / 7 + 0.01)[3] is None
+    assert parts(-limit / 3 + 0.01)[0].shape == (2, 4, 4, 3) and parts(-limit / 3 + 0.01)[3] is None
+    strong = parts(-limit / 3 - 0.01)  # too strong for any fold: element-wise diagonal on 4-token sub-chunks
+    assert strong[0].shape == (2, 4, 4, 3) and strong[3].shape == (2, 4, 4, 4, 3)
 
 
 @pytest.mark.parametrize("kind", ["kda", "gla"])

@@ -219,6 +219,18 @@ class Scratch(dict):
 FOLD_SPAN = 30.0
 
 
+def fold_size(b_ZCK: Tensor) -> int | None:
+    """Longest sub-chunk (C, C/2, C/4 or `sub_chunk_size(C)`) over which no ``[Z, C, K]`` cumulative
+    log-decay falls by more than ``FOLD_SPAN``, or None (the diagonal blocks then go element-wise)."""
+    C = b_ZCK.shape[1]
+    sizes = sorted({d for d in (C, C // 2, C // 4) if d > 1 and C % d == 0} | {sub_chunk_size(C)}, reverse=True)
+    for c in sizes:
+        b_blk = b_ZCK.view(b_ZCK.shape[0], C // c, c, -1)
+        if c > 1 and float((b_blk[:, :, 0] - b_blk[:, :, -1]).max()) <= FOLD_SPAN:
+            return c
+    return None
+
+
 def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Decay factors of :func:`per_channel_scores` for one ``[Z, C, K]`` slab of cumulative log-decays.
 
@@ -233,18 +245,20 @@ def _score_parts(b_ZCK: Tensor, ws: Scratch) -> tuple[Tensor, Tensor, Tensor, Te
     Folded diagonal (``decay`` is None): when no sub-chunk spans more than ``FOLD_SPAN`` of log-decay,
     ``link_ss = exp(b_{r_s} - b_{e_s}) >= 1`` is set too, so the diagonal blocks come out of the same GEMM
     as the earlier sub-chunks (``exp(b_i - b_j) = row_scale_i link_ss col_scale_j``, upper triangle masked
-    afterwards) and the ``[Z, S, c, c, K]`` element-wise work is skipped. Stronger decays take the
-    element-wise path, whose factors never exceed 1.
+    afterwards) and the ``[Z, S, c, c, K]`` element-wise work is skipped. The sub-chunks are then as long
+    as the span allows (`fold_size`: the whole chunk for mild decays, one GEMM per sequence). Stronger
+    decays take the element-wise path, whose factors never exceed 1.
     """
     Z, C, K = b_ZCK.shape
-    c = sub_chunk_size(C)
+    c = fold_size(b_ZCK)
+    fold = c is not None
+    c = c or sub_chunk_size(C)
     S = C // c
     b_blk = b_ZCK.view(Z, S, c, K)
     ref, last = b_blk[:, :, :1], b_blk[:, :, -1:]  # [Z, S, 1, K]
     row_scale = torch.sub(b_blk, ref, out=ws.get("row_scale", (Z, S, c, K), b_ZCK)).exp_()
     col_scale = torch.sub(last, b_blk, out=ws.get("col_scale", (Z, S, c, K), b_ZCK)).exp_()
     link = torch.sub(ref[:, :, None], last[:, None], out=ws.get("link", (Z, S, S, 1, K), b_ZCK))
-    fold = c > 1 and float(link.diagonal(dim1=1, dim2=2).max()) <= FOLD_SPAN
     if fold:  # t <= s: exp(b_{r_s} - b_{e_t}), <= 1 for t < s and <= e^FOLD_SPAN on the diagonal
         link.clamp_max_(FOLD_SPAN).exp_().mul_(ws.mask(S, 0, b_ZCK)[:, :, None, None])
         return row_scale, col_scale, link, None
