@@ -173,9 +173,9 @@ def join_stages(stage2: pl.DataFrame, stage1: pl.DataFrame) -> pl.DataFrame:
         raise HybridlabError(f"distillation run {run} (seed {seed}) has no stage-1 metrics; pass its stage-1 "
                              "metrics.parquet as distill_stage1/seed<N>/<run>=PATH")
     s2 = s2.with_columns(tokens=pl.col("tokens") + pl.col("offset"), stage=pl.lit(2, pl.Int64)).drop("offset")
-    s1 = stage1.join(ends.select(keys), on=keys, how="semi", nulls_equal=True).with_columns(stage=pl.lit(1, pl.Int64))
     # only the runs of stage 2 (a stage-1 log of a run without stage 2 is not a curve of this table)
-    s1 = s1.join(stage2.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
+    s1 = stage1.join(stage2.select(keys).unique(), on=keys, how="semi", nulls_equal=True).with_columns(
+        stage=pl.lit(1, pl.Int64))
     return pl.concat([s1, s2], how="diagonal_relaxed").sort(keys + ["tokens", "stage"], nulls_last=True)
 
 
