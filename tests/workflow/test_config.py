@@ -208,7 +208,7 @@ _DELETE = object()
     ("presets.tiny.eval.analysis.niah.prompts", "oneruler",
      "config: missing key 'oneruler_dir' in presets.tiny.eval.analysis.niah (required: oneruler_dir)"),
     ("presets.tiny.train.distill.stage1.token_budget", 10,
-     "config: presets.tiny.train.distill.stage1: {'steps': 18, 'micro_batch_size': 8, 'lr': 0.003, 'warmup_steps': 2, "
+     "config: presets.tiny.train.distill.stage1: {'steps': 12, 'micro_batch_size': 8, 'lr': 0.003, 'warmup_steps': 2, "
      "'token_budget': 10} is valid under each of {'required': ['token_budget']}, {'required': ['steps']}"),
     ("presets.tiny.experiments.bld_nl", {"mixers": ["mamba"]},
      "presets.tiny.experiments overrides: config: experiments.bld_nl.mixers[0] = 'mamba' is not allowed "
