@@ -211,6 +211,18 @@ def test_sr_accuracy_table_last_eval_over_seeds():
     assert (r["arm"], r["gap"], r["n_seeds"]) == ("baseline", 8, 2) and r["accuracy"] == pytest.approx(0.55)
 
 
+def test_sr_accuracy_interval_is_clipped_to_the_accuracy_range():
+    # seeds 1.0, 1.0, 0.4: mean 0.8, sd sqrt(0.12), t-interval 0.8 -+ 4.303 * 0.3464 / sqrt(3) = [-0.06, 1.66]
+    frames = {f"seed{s}/baseline": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, acc]})
+              for s, acc in enumerate((1.0, 1.0, 0.4))}
+    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    assert r["accuracy"] == pytest.approx(0.8) and (r["accuracy_lo"], r["accuracy_hi"]) == (0.0, 1.0)
+    frames["seed2/baseline"] = pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, 0.98]})
+    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    half = 4.302653 * math.sqrt(((1 - 0.99333) ** 2 * 2 + (0.98 - 0.99333) ** 2) / 2) / math.sqrt(3)
+    assert r["accuracy_lo"] == pytest.approx(0.99333 - half, abs=1e-4) and r["accuracy_hi"] == 1.0
+
+
 def test_findings_table_effects_cis_and_verdicts():
     from test_plots import _niah, _softcka
 

@@ -780,7 +780,7 @@ CAPTIONS = {
     "table_retrieval_score": "Final Layer Retrieval Ability Score per BLD-SR arm and layer (mean over gaps): mean "
                              "and t-interval across seeds.",
     "table_sr_accuracy": "Final Spaced Retrieval validation accuracy per BLD-SR arm and gap: mean and t-interval "
-                         "across seeds.",
+                         "across seeds (clipped to [0, 1]).",
     "table_findings": "Generated findings table: each finding of both studies, computed from the tables above, "
                       "with its effect, 95 % interval (over seeds, or over evaluation units of one seed) and verdict "
                       "(reproduced / contradicted / inconclusive at this scale; one seed is always inconclusive).",

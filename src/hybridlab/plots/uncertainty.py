@@ -330,7 +330,8 @@ def retrieval_score_table(score: pl.DataFrame) -> pl.DataFrame:
 
 def sr_accuracy_table(runs: pl.DataFrame) -> pl.DataFrame:
     """Final validation accuracy (per answer digit) of each BLD-SR arm per gap: mean over seeds of the last
-    evaluation, its seed t-interval (`accuracy_lo/_hi`) and `n_seeds`."""
+    evaluation, its seed t-interval (`accuracy_lo/_hi`, clipped to [0, 1]: with 3 seeds and one that failed
+    to learn, the symmetric t-interval reaches past the range an accuracy can take) and `n_seeds`."""
     cols = sorted(c for c in runs.columns if c.startswith("eval/acc/gap"))
     if not cols:
         raise HybridlabError("bld_sr metrics have no 'eval/acc/gap*' columns; rebuild the bld_sr runs")
@@ -338,4 +339,5 @@ def sr_accuracy_table(runs: pl.DataFrame) -> pl.DataFrame:
     long = (df.select("run", "seed", "step", *cols).unpivot(index=["run", "seed", "step"], on=cols, variable_name="gap")
             .drop_nulls("value").with_columns(gap=pl.col("gap").str.slice(len("eval/acc/gap")).cast(pl.Int64)))
     last = long.sort("step").group_by(["run", "seed", "gap"]).agg(accuracy=pl.col("value").last())
-    return seed_summary(last.rename({"run": "arm"}), ["arm", "gap"], "accuracy").sort(["arm", "gap"])
+    table = seed_summary(last.rename({"run": "arm"}), ["arm", "gap"], "accuracy")
+    return table.with_columns(pl.col("accuracy_lo", "accuracy_hi").clip(0.0, 1.0)).sort(["arm", "gap"])
