@@ -60,6 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="tiny", help="results/<phase>/<scale> to read the teacher and corpus from")
     ap.add_argument("--lang", default="fra_Latn", help="the language paired with English")
+    ap.add_argument("--tokenizer", default="bpe", help="results/data/<scale>/tokenizer/<name>: the teacher's tokenizer")
     ap.add_argument("--n", type=int_at_least(1), default=1000, help="sentence pairs")
     ap.add_argument("--threads", type=int_at_least(1), default=2, help="torch threads (the 2-core target machine)")
     ap.add_argument("--reps", type=int_at_least(1), default=3, help="timed rounds after one warm-up round")
@@ -74,7 +75,7 @@ def main() -> None:
 
     res = ROOT / "results"
     model_dir = res / "models" / args.scale / "teachers" / "teacher"
-    tok_dir = res / "data" / args.scale / "tokenizer"
+    tok_dir = res / "data" / args.scale / "tokenizer" / args.tokenizer
     parallel = res / "data" / args.scale / "corpus" / "parallel.parquet"
     for p in (model_dir, tok_dir, parallel):
         if not p.exists():
@@ -148,4 +149,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from hybridlab.errors import HybridlabError
+
+    try:
+        main()
+    except HybridlabError as e:
+        raise SystemExit(f"error: {e}")
