@@ -28,7 +28,10 @@ import time
 
 import torch
 
+from hybridlab.heap import retain_freed_memory
 from hybridlab.models.ops.common import sub_chunk_size
+
+retain_freed_memory()  # as every pipeline job runs (workflow_scripts/_common.py); HYBRIDLAB_RETAIN_FREED_MEMORY=0 to compare
 
 RECURRENT_KINDS = ("gdn", "kda", "gla")
 

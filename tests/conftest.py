@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridlab.heap import retain_freed_memory
 from smoke import build, make_smoke_repo
 
 # Tests import their helpers from tests/smoke.py, never from this file (issue #15): fixtures only here.
@@ -44,6 +45,7 @@ def _rank(nodeid: str) -> int:
 
 
 def pytest_configure(config):
+    retain_freed_memory()  # as the pipeline's jobs run (hybridlab.heap)
     if XDIST_WORKER:
         import torch
 

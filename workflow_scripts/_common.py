@@ -18,6 +18,7 @@ if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
 from hybridlab.errors import HybridlabError  # noqa: E402
+from hybridlab.heap import retain_freed_memory  # noqa: E402
 from hybridlab.train.jobs import is_main  # noqa: E402
 
 
@@ -77,7 +78,9 @@ def _provenance() -> None:
 
 
 def run(main) -> None:
-    """Call `main()`, then write provenance for `--out`; user errors become one line + exit code 1."""
+    """Call `main()`, then write provenance for `--out`; user errors become one line + exit code 1. Freed
+    memory stays in the process (`hybridlab.heap`: no page faults for each update's fresh tensors)."""
+    retain_freed_memory()
     try:
         main()
         if is_main():  # under torchrun every rank runs main(); rank 0 alone writes outputs

@@ -69,8 +69,13 @@ def test_launcher_is_plain_python_for_one_process_and_torchrun_for_more():
     assert launch_prefix(4, python="py") == "py -m torch.distributed.run --standalone --nproc_per_node 4"
 
 
-@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 1e-5), ("stage1", 1e-5), ("stage2", 1e-5), ("stage2_shard", 1e-5),
-                                           ("stage2_docs", 1e-5), ("switch", 1e-3)])
+# Weight tolerances. fp32: the runs differ only in the order of fp32 gradient sums. bf16 (autocast): a weight
+# that differs by one fp32 ulp can round to another bf16 value in the next forward, so later gradients differ
+# at bf16's relative precision (2^-8) and AdamW turns that into up to lr x 2^-8 per update: 4 updates at
+# lr 1e-2 bound it by 1.6e-4 (measured 1.7e-5 on an AVX512-BF16 Xeon, where bf16 GEMMs take native kernels;
+# below 1e-5 on AVX2 CPUs). Muon: see below.
+@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 2e-4), ("stage1", 1e-5), ("stage2", 1e-5),
+                                           ("stage2_shard", 1e-5), ("stage2_docs", 1e-5), ("switch", 1e-3)])
 def test_two_processes_match_one(runs, scenario, tol):
     one, two = runs(scenario)
     a, b = losses(one), losses(two)

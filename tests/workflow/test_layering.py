@@ -3,7 +3,8 @@
 A module under src/hybridlab/<layer>/ may import hybridlab modules of its own layer or of layers to its left,
 never of a layer to its right. Every import counts, at module level or inside a function (a lazy import is
 still a dependency). Outside the layers: `hybridlab.errors`, `hybridlab.atomic` (atomic writes),
-`hybridlab.device` (the device policy) and the package itself (`__version__`) sit below all of them
+`hybridlab.device` (the device policy), `hybridlab.heap` (malloc settings) and the package itself
+(`__version__`) sit below all of them
 (anything may import them), `hybridlab.config` and `hybridlab.config_spec` (the config tree and
 its resolution, checked against the language registry) belong to the data layer, and
 the application modules (`cli`, `provenance`, `cache`, `rehearsal`) sit above plots, like the workflow
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "hybridlab"
 LAYERS = ("data", "models", "train", "eval", "plots")
-BASE = {"errors": -1, "atomic": -1, "device": -1, "config": LAYERS.index("data"), "config_spec": LAYERS.index("data")}
+BASE = {"errors": -1, "atomic": -1, "device": -1, "heap": -1, "config": LAYERS.index("data"), "config_spec": LAYERS.index("data")}
 APPLICATION = len(LAYERS)
 
 
