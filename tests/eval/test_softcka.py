@@ -342,3 +342,29 @@ def test_cuda_gram_matches_cpu():
     R_cpu, _ = rff_sentence_gram(flat, off, 512, seed=0)
     R_gpu, _ = rff_sentence_gram(flat, off, 512, seed=0, device="cuda")
     torch.testing.assert_close(R_gpu, R_cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_debiased_cka_equals_the_u_statistic_over_distinct_index_tuples():
+    """cka_from_grams(debiased=True) against HSIC's U-statistic written from its definition (Song et al. 2012):
+    averages over ordered tuples of distinct indices, (n)_m = n (n-1) ... (n-m+1),
+    HSIC_u = mean_{i!=j} K_ij L_ij + mean_{i,j,q,r distinct} K_ij L_qr - 2 mean_{i,j,q distinct} K_ij L_iq."""
+    from itertools import permutations
+
+    gen = torch.Generator().manual_seed(7)
+    x, y = torch.randn(6, 3, generator=gen, dtype=torch.float64), torch.randn(6, 2, generator=gen, dtype=torch.float64)
+    y = y + x[:, :2]  # related, so the value is far from 0
+    K, L = x @ x.T, y @ y.T
+
+    def hsic_u(A, B):
+        n = A.shape[0]
+        pairs = list(permutations(range(n), 2))
+        triples = list(permutations(range(n), 3))
+        quads = list(permutations(range(n), 4))
+        t1 = sum(float(A[i, j] * B[i, j]) for i, j in pairs) / len(pairs)
+        t2 = sum(float(A[i, j] * B[q, r]) for i, j, q, r in quads) / len(quads)
+        t3 = sum(float(A[i, j] * B[i, q]) for i, j, q in triples) / len(triples)
+        return t1 + t2 - 2.0 * t3
+
+    expected = hsic_u(K, L) / math.sqrt(hsic_u(K, K) * hsic_u(L, L))
+    assert 0.2 < expected < 1.0
+    assert cka_from_grams(K, L, debiased=True) == pytest.approx(expected, rel=1e-10)

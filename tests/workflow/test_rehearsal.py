@@ -51,3 +51,14 @@ def test_published_pairs_and_lm_eval(rehearsal):
     assert np.isfinite(vals).all() and ((vals >= 0) & (vals <= 1)).all()
     figures = rehearsal / "results" / "figures" / "rehearsal"
     assert (figures / "table_lm_benchmarks.csv").is_file() and len(list(figures.glob("fig_*.png"))) >= 10
+
+
+def test_niah_runs_oneruler_prompts_with_yarn_and_records_the_settings(rehearsal):
+    """The paper preset's NIAH path (prompts: oneruler, chat_template: true, yarn_factor): every summary row names
+    the prompts and the YaRN factor that were applied. The rehearsal's random tokenizers carry no chat template,
+    so the table records that none was applied (the template path itself: tests/eval/test_oneruler.py)."""
+    niah = pl.read_parquet(rehearsal / "results" / "eval" / "rehearsal" / "niah.parquet")
+    assert niah.height > 0 and set(niah["prompts"]) == {"oneruler"}
+    assert set(niah["yarn_factor"].drop_nulls()) == {2.0}  # rehearsal preset: yarn_factor 2.0 (null: a NoPE model)
+    assert not niah["chat_template"].any()
+    assert set(niah["task"]) == {"niah_single", "niah_none"}
