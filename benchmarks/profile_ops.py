@@ -1,4 +1,5 @@
-"""Where the CPU time goes: a `torch.profiler` breakdown of the three mixer ops and the SoftCKA exact path.
+"""Where the CPU time goes: a `torch.profiler` breakdown of the three mixer ops, the SoftCKA exact path and one
+update of the tiny teacher.
 
 Each workload runs once untimed, then `--reps` times under `torch.profiler` (CPU activities only). Every
 profiled ATen op's *self* CPU time is put in one category:
@@ -8,6 +9,7 @@ profiled ATen op's *self* CPU time is put in one category:
 - `elementwise`: arithmetic, exponentials, masks, reductions (`mul`, `exp`, `sum`, `where`, ...);
 - `copy`: data movement without arithmetic (`copy_`, `cat`, `stack`, `clone`, `index`, `fill_`, `zero_`);
 - `alloc`: allocation (`empty`, `empty_strided`, `zeros` without their fill, `resize_`);
+- `attention`: torch's fused CPU attention (`_scaled_dot_product_flash_attention_for_cpu` and its backward);
 - `other`: every other op (views, autograd bookkeeping ops, ...), and `untraced` = wall time minus
   the sum of self times (Python, the dispatcher, autograd's engine between ops).
 
@@ -15,10 +17,12 @@ The first touch of freshly allocated memory (page faults) is charged to the op t
 large `copy`/`elementwise` share with many allocations often is memory traffic, not arithmetic.
 Workloads: `gdn`, `kda`, `gla` (forward + backward at benchmarks/mixers.py's shapes) and `softcka`
 (the exact path of benchmarks/softcka.py on random hidden states of the tiny teacher's shape, so no
-built model is needed: `--softcka-tokens` tokens per side in sentences of 20 tokens, D = 256).
+built model is needed: `--softcka-tokens` tokens per side in sentences of 20 tokens, D = 256) and `teacher`
+(one optimiser update of the tiny teacher as benchmarks/train_throughput.py builds it: forward, chunked
+cross-entropy, backward, AdamW, on one micro-batch of random token ids).
 The last printed line is one JSON object (shares per workload and the machine description).
 
-    python benchmarks/profile_ops.py [--workloads gdn kda gla softcka] [--threads 2] [--reps 3] [--top 8]
+    python benchmarks/profile_ops.py [--workloads gdn kda gla softcka teacher] [--threads 2] [--reps 3] [--top 8]
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ ELEMENTWISE_HINT = ("mul", "add", "sub", "div", "exp", "log", "neg", "sum", "mea
 
 def category(name: str) -> str:
     op = name.split("::")[-1]
+    if "scaled_dot_product" in name:
+        return "attention"
     if any(pat in name for pat in GEMM_PATTERNS):  # oneDNN's fused linear (inference-mode nn.Linear)
         return "gemm"
     if not name.startswith("aten::"):
@@ -102,6 +108,29 @@ def softcka_workload(tokens: int, dim: int = 256, sentence_len: int = 20):
     return run
 
 
+def teacher_workload():
+    import train_throughput
+    from hybridlab.config import load, resolve
+
+    C = resolve(load(train_throughput.ROOT / "config.yaml", {"scale": "tiny"}))
+    setup = train_throughput.setup_teacher(C)
+    batch = setup.dataset[: setup.run["micro_batch_size"]]
+    opt = torch.optim.AdamW(setup.model.parameters(), lr=setup.run["lr"])
+
+    def run():
+        loss, _ = setup.task.loss(setup.model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return run
+
+
+WORKLOADS = {"gdn": lambda a: mixer_workload("gdn"), "kda": lambda a: mixer_workload("kda"),
+             "gla": lambda a: mixer_workload("gla"), "softcka": lambda a: softcka_workload(a.softcka_tokens),
+             "teacher": lambda a: teacher_workload()}
+CATEGORIES = ("gemm", "attention", "elementwise", "copy", "alloc", "other", "untraced")
+
+
 def breakdown(run, reps: int, top: int) -> dict:
     run()  # warm-up: first-touch allocations, thread pool
     start = time.perf_counter()
@@ -120,15 +149,14 @@ def breakdown(run, reps: int, top: int) -> dict:
     total = sum(per_cat.values())
     return {
         "wall_ms": 1e3 * wall,
-        "shares": {k: per_cat.get(k, 0.0) / total for k in ("gemm", "elementwise", "copy", "alloc", "other", "untraced")},
+        "shares": {k: per_cat.get(k, 0.0) / total for k in CATEGORIES},
         "top_ops_ms": {k: round(1e3 * v, 2) for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])[:top]},
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="+", default=["gdn", "kda", "gla", "softcka"],
-                    choices=["gdn", "kda", "gla", "softcka"])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--threads", type=int_at_least(1), default=2)
     ap.add_argument("--reps", type=int_at_least(1), default=3)
     ap.add_argument("--top", type=int_at_least(1), default=8, help="ops listed by self time")
@@ -139,7 +167,7 @@ def main() -> None:
     print(describe_line(machine))
     report = {"machine": machine, "threads": args.threads, "reps": args.reps}
     for name in args.workloads:
-        run = softcka_workload(args.softcka_tokens) if name == "softcka" else mixer_workload(name)
+        run = WORKLOADS[name](args)
         res = breakdown(run, args.reps, args.top)
         report[name] = res
         shares = "  ".join(f"{k} {100 * v:4.1f}%" for k, v in res["shares"].items())

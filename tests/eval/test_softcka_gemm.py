@@ -145,3 +145,19 @@ def test_layout_counts_every_token_once(block_tokens):
     assert torch.equal(got, expected[:, col])
     assert blocks[0].start == 0 and blocks[-1].stop == row.numel()  # the blocks tile the rows
     assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_kernel_values_below_the_smallest_normal_float_count_as_it(monkeypatch, onednn):
+    """exp2's argument is clamped at -126 (denormal results are slow on Intel CPUs): tokens ~20 sigma apart,
+    whose kernel exp(-200) underflows fp32, contribute exactly 2^-126 (the float64 definition: ~1e-87)."""
+    if not onednn:
+        monkeypatch.setattr(softcka, "_onednn_gemm_available", lambda dev: False)
+    flat = torch.zeros(4, 3)
+    flat[1, 0], flat[2, 1], flat[3, 2] = 20.0, 20.0, 20.0  # one-token sentences, pairwise >= 20 apart
+    off = torch.arange(5)
+    K, _ = sentence_gram(flat, off, sigma=1.0)
+    # self-distance ~0 up to the expansion's cancellation, ~1e-7 (|a|^2 + |b|^2) in bandwidth units (module docstring)
+    assert torch.allclose(K.diagonal(), torch.ones(4, dtype=torch.float64), atol=1e-4, rtol=0)
+    off_diag = K[~torch.eye(4, dtype=torch.bool)]
+    assert torch.equal(off_diag, torch.full_like(off_diag, 2.0 ** softcka.MIN_LOG2_KERNEL))

@@ -61,7 +61,8 @@ bandwidth units, negligible unless two near-identical tokens lie hundreds of sig
 (massive activations; special tokens are dropped by the capture anyway).
 Why these choices, measured on this project's 2-core AMD CPU (single thread): torch's `exp` is 2-3x
 slower than `exp2` on ordinary arguments and ~100x slower on the large negative ones far tokens produce
-(denormal or zero results); MKL's fp32 GEMM, which `torch.mm` uses, ran ~2x slower than oneDNN's
+(denormal or zero results); on an Intel Xeon `exp2` itself is 3-8x slower where its results are denormal,
+so its argument is clamped at -126 (`MIN_LOG2_KERNEL`); MKL's fp32 GEMM, which `torch.mm` uses, ran ~2x slower than oneDNN's
 (AVX-512 on every vendor), so on CPU the blocks go through oneDNN (`torch.ops.mkldnn._linear_pointwise`,
 same fp32 math, bit-identical results here) and through `torch.mm` only where oneDNN is absent
 (`_onednn_gemm_available`); the GEMM is ~70 % of the time. Runs on any torch device (`device="cuda"` on
@@ -167,6 +168,11 @@ def median_sigma(token_vecs_TD: torch.Tensor, *, median_pairs: int = MEDIAN_PAIR
 
 
 LOG2E = 1.0 / math.log(2.0)
+# exp2's argument is clamped below at -126: a kernel value under 2^-126 (~1.2e-38, fp32's smallest normal number)
+# counts as 2^-126, an absolute change below 1.2e-38 per token pair. Results under 2^-126 are denormal, and on
+# Intel CPUs each one costs a microcode assist: blocks with many far tokens ran 3-8x slower in exp2
+# (docs/performance.md, "Denormal kernel values"). The upper clamp only keeps the post-op's range finite.
+MIN_LOG2_KERNEL, MAX_LOG2_KERNEL = -126.0, 126.0
 
 
 def _onednn_gemm_available(dev: torch.device) -> bool:
@@ -284,10 +290,11 @@ def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float 
         left_i = left_RA[blk_i.start:blk_i.stop]
         for bj in range(bi, len(blocks)):
             blk_j = blocks[bj]
-            if onednn:
-                e_ab = torch.ops.mkldnn._linear_pointwise(left_i, rights[bj], None, "none", [], "")
+            if onednn:  # the clamp fused into the GEMM's epilogue (oneDNN's hardtanh post-op)
+                e_ab = torch.ops.mkldnn._linear_pointwise(left_i, rights[bj], None, "hardtanh",
+                                                          [MIN_LOG2_KERNEL, MAX_LOG2_KERNEL], "")
             else:
-                e_ab = torch.mm(left_i, rights[bj])
+                e_ab = torch.mm(left_i, rights[bj]).clamp_(MIN_LOG2_KERNEL, MAX_LOG2_KERNEL)
             # blocks are sized to stay in cache, so the GEMM output is exponentiated and reduced while hot
             sums_mn = blk_j.sum_cols(blk_i.sum_rows(e_ab.exp2_()))
             sums_NN[blk_i.lo:blk_i.hi, blk_j.lo:blk_j.hi] += sums_mn
