@@ -135,7 +135,8 @@ TRAIN_THREADS = 8 if ON_GPU else 1
 # the local scheduler started the 24 BLD-SR arms before the tokenizer, so the teacher, the longest single job
 # and the head of the whole distillation chain, started only after all of them. Data, then the teacher, then
 # the Spaced Retrieval runs and their one retrieval-score job (which overlaps with distillation), then
-# distillation; the per-study evaluations and the figures fill the end.
+# distillation; the per-study evaluations and the figures fill the end, the longest evaluation (SoftCKA, every model x
+# language x layer) first among them: it was the last job of the tiny build, running alone for 80 s.
 PRIORITY = {
     "data": 100,
     "teacher": 90,
@@ -144,6 +145,7 @@ PRIORITY = {
     "bld_nl": 45,
     "nl_eval": 40,
     "distill": 30,
+    "softcka": 25,
     "eval": 20,
     "figures": 10,
 }

@@ -14,7 +14,7 @@ rule eval_softcka:
         LOG("eval", "softcka"),
     benchmark:
         BENCH("eval", "softcka")
-    priority: PRIORITY["eval"]
+    priority: PRIORITY["softcka"]
     conda:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8

@@ -228,6 +228,26 @@ def test_bootstrap_indices_cka_over_sentences():
     assert part.lo < part.estimate < part.hi < 1.0 and part.estimate == pytest.approx(cka(K, L))
 
 
+def test_batched_bootstrap_draws_the_same_replicates_as_row_by_row():
+    """softcka.cka_bootstrap's vectorised CKA (batched=True; weighted centring) against the per-row loop over
+    the same index sets (H K H centring of the resampled Grams, written independently here)."""
+    from hybridlab.eval import softcka
+
+    def cka(K, L):
+        H = np.eye(len(K)) - 1.0 / len(K)
+        Kc, Lc = H @ K @ H, H @ L @ H
+        return (Kc * Lc).sum() / math.sqrt((Kc * Kc).sum() * (Lc * Lc).sum())
+
+    X = np.random.default_rng(3).normal(size=(12, 5))
+    K, L = X @ X.T, np.tanh(X[:, :3]) @ np.tanh(X[:, :3]).T
+    loop = S.bootstrap_ci_indices(12, lambda i: cka(K[np.ix_(i, i)], L[np.ix_(i, i)]), n_boot=300, seed=5)
+    vec = softcka.cka_bootstrap(torch.from_numpy(K), torch.from_numpy(L), n_boot=300, seed=5)
+    assert (vec.estimate, vec.lo, vec.hi) == pytest.approx((loop.estimate, loop.lo, loop.hi), rel=1e-10)
+    assert vec.lo < vec.estimate < vec.hi and vec.n_failed == loop.n_failed == 0
+    with pytest.raises(HybridlabError, match="batched"):
+        S.bootstrap_ci_indices(12, lambda i: 0.0, batched=True, groups=np.arange(12) % 3)
+
+
 def test_bootstrap_failed_replicates():
     x = np.array([0.0, 1.0, 2.0])  # a constant resample (probability 3/27) has no spread
 

@@ -484,15 +484,26 @@ def cka_bootstrap(K: torch.Tensor, L: torch.Tensor, n_boot: int, seed: int = 0, 
     from hybridlab.eval.stats import bootstrap_ci_indices
 
     Kn, Ln = K.double().cpu().numpy(), L.double().cpu().numpy()
+    n = Kn.shape[0]
+    KL, KK, LL = Kn * Ln, Kn * Kn, Ln * Ln
 
-    def fn(i):
-        k, l_ = Kn[np.ix_(i, i)], Ln[np.ix_(i, i)]
-        kc = k - k.mean(0, keepdims=True) - k.mean(1, keepdims=True) + k.mean()
-        lc = l_ - l_.mean(0, keepdims=True) - l_.mean(1, keepdims=True) + l_.mean()
-        den = math.sqrt(float((kc * kc).sum()) * float((lc * lc).sum()))
-        return float((kc * lc).sum()) / den if den > 0 else math.nan
+    def cka_of(idx_BN: np.ndarray) -> np.ndarray:
+        """CKA of every replicate of a (B, N) batch of index sets, from sentence weights p = counts / N: the
+        resampled Grams' centred inner product is sum_ab p_a p_b Kc_ab Lc_ab = p'(K o L)p - 2 p.(Kp o Lp)
+        + (p'Kp)(p'Lp) (weighted centring), so a batch costs a few [B, N] x [N, N] products."""
+        B = idx_BN.shape[0]
+        p = np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
+        kp, lp = p @ Kn, p @ Ln  # K and L are symmetric
+        pk, pl_ = (kp * p).sum(1), (lp * p).sum(1)
 
-    return bootstrap_ci_indices(K.shape[0], fn, n_boot=n_boot, level=level, seed=seed)
+        def centred(M, a, b, pa, pb):
+            return ((p @ M) * p).sum(1) - 2.0 * (p * a * b).sum(1) + pa * pb
+
+        num, kk, ll = centred(KL, kp, lp, pk, pl_), centred(KK, kp, kp, pk, pk), centred(LL, lp, lp, pl_, pl_)
+        den = np.sqrt(np.clip(kk, 0.0, None) * np.clip(ll, 0.0, None))
+        return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+
+    return bootstrap_ci_indices(n, cka_of, n_boot=n_boot, level=level, seed=seed, batched=True)
 
 
 def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",

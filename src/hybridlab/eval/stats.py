@@ -158,7 +158,7 @@ def bootstrap_ci(values: Any, stat: Callable[[np.ndarray], float] = np.mean, *, 
 
 
 def bootstrap_ci_indices(n: int, fn: Callable[[np.ndarray], float], *, n_boot: int = 2000, level: float = 0.95,
-                         seed: int = 0, groups: Any = None) -> Interval:
+                         seed: int = 0, groups: Any = None, batched: bool = False) -> Interval:
     """Percentile bootstrap CI of `fn(idx)`, resampling index sets of `n` units; estimate = `fn(arange(n))`.
 
     For a statistic recomputed from the resampled units, e.g. a CKA over N sentences:
@@ -168,6 +168,8 @@ def bootstrap_ci_indices(n: int, fn: Callable[[np.ndarray], float], *, n_boot: i
     tokens grouped by document). Non-finite replicates are dropped and counted in `n_failed`.
     Caution: a debiased (U-statistic) CKA treats duplicated rows as distinct samples, so it is biased
     upward on bootstrap resamples; bootstrap the plain estimator or read the debiased CI as approximate.
+    `batched=True` (without groups): `fn` takes a (k, n) array of k index sets and returns their k values,
+    the same replicates as row by row, for statistics that vectorise over replicates.
     """
     n = _int(n, "n", 1)
     n_boot, level = _int(n_boot, "n_boot", 10), _level(level)
@@ -175,7 +177,12 @@ def bootstrap_ci_indices(n: int, fn: Callable[[np.ndarray], float], *, n_boot: i
     if not callable(fn):
         raise HybridlabError(f"fn must be a function of an index array (got {type(fn).__name__})")
     rng = np.random.default_rng(seed)
-    if groups is None:
+    if batched and groups is not None:
+        raise HybridlabError("batched=True resamples single units; pass groups=None or a per-row fn")
+    if batched:
+        reps = [float(v) for batch in _draw(rng, n, n_boot) for v in np.asarray(fn(batch), dtype=np.float64)]
+        method = "percentile bootstrap"
+    elif groups is None:
         reps = [float(fn(i)) for batch in _draw(rng, n, n_boot) for i in batch]
         method = "percentile bootstrap"
     else:
@@ -188,7 +195,7 @@ def bootstrap_ci_indices(n: int, fn: Callable[[np.ndarray], float], *, n_boot: i
         reps = [float(fn(np.concatenate([members[j] for j in row])))
                 for batch in _draw(rng, labels.size, n_boot) for row in batch]
         method = f"cluster bootstrap ({labels.size} groups)"
-    estimate = float(fn(np.arange(n)))
+    estimate = float(np.asarray(fn(np.arange(n)[None]))[0]) if batched else float(fn(np.arange(n)))
     return _percentile(np.asarray(reps), estimate, level, n if groups is None else labels.size, method)
 
 
