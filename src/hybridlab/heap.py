@@ -3,8 +3,8 @@
 A training step allocates and frees the same few hundred MB of activations every update. glibc's malloc
 hands large blocks (by default above a threshold that adapts up to 32 MiB) to the kernel with mmap and
 gives freed heap top back with `trim`, so each update's tensors are fresh pages and every 4 KiB page is a
-page fault when first written. On a KVM guest a fault costs microseconds: the tiny teacher's update took
-88k faults and 1.17x its time (docs/performance.md, "Freed memory and page faults").
+page fault when first written. On a KVM guest a fault costs about a microsecond: the tiny teacher's update took
+~89k faults, 1.08-1.17x its time (docs/performance.md, "Freed memory and page faults").
 
 `retain_freed_memory()` sets glibc's `M_MMAP_THRESHOLD` to its maximum (32 MiB: smaller blocks come from the
 heap) and `M_TRIM_THRESHOLD` to 2 GiB (freed memory stays with the process for the next update). The
