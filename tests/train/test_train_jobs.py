@@ -247,6 +247,42 @@ def test_train_bld_nl_publishes_the_arm_with_its_tokenizer(corpus, tmp_path):
     assert json.loads((out / "hybrid.json").read_text())["extra"]["arm"] == "gdn-bld"
 
 
+class _Started(Exception):
+    """Stops a job at the start of its training loop (test below)."""
+
+
+def test_bld_nl_arms_of_one_seed_start_from_the_same_weights_and_batches(corpus, tmp_path, monkeypatch):
+    """experiments.bld_nl: baseline and BLD of one mixer and seed start from the same weights and draw the same
+    batches (the comparison is paired); another seed starts elsewhere. The job runs up to its training loop,
+    where the model and the loop's seeded sampler are read."""
+    from hybridlab.train import loop
+    from hybridlab.train.sampler import EpochSampler
+
+    seen = {}
+
+    def start(model, task, dataset, cfg, **kwargs):
+        order = EpochSampler(len(dataset), cfg.seed).next_indices(3 * cfg.batch_size)  # the first three batches
+        seen[key] = ({k: v.clone() for k, v in model.state_dict().items()}, list(order))
+        raise _Started
+
+    monkeypatch.setattr(loop, "train", start)
+    base = {"shape": {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
+                      "head_dim": 8, "intermediate_size": 32},
+            "run": {"context_len": 64, "steps": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_fraction": 0.25},
+            "experiment": {"pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+                           "freeze_scope": "block", "optimizer_after_unfreeze": "adamw"}}
+    for key in [("baseline", 0), ("bld", 0), ("baseline", 1)]:
+        variant, seed = key
+        params = {**base, "seed": seed, "arm": {"name": f"gdn-{variant}", "mixer": "gdn", "size": "xs", "variant": variant}}
+        with pytest.raises(_Started):
+            jobs.train_bld_nl(params, mixture=corpus["mixture"], tokenizer=corpus["tokenizer"],
+                              work=tmp_path / f"work-{variant}-{seed}", out=tmp_path / f"out-{variant}-{seed}", threads=1)
+    (w_base, o_base), (w_bld, o_bld), (w_other, o_other) = (seen[k] for k in [("baseline", 0), ("bld", 0), ("baseline", 1)])
+    assert w_base.keys() == w_bld.keys() and all(torch.equal(w_base[k], w_bld[k]) for k in w_base)
+    assert o_base == o_bld
+    assert any(not torch.equal(w_base[k], w_other[k]) for k in w_base) and o_base != o_other
+
+
 # ---- the thin scripts -------------------------------------------------------------------------------------------
 
 
