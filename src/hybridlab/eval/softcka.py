@@ -494,12 +494,11 @@ def cka_bootstrap(K: torch.Tensor, L: torch.Tensor, n_boot: int, seed: int = 0, 
         B = idx_BN.shape[0]
         p = np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
         kp, lp = p @ Kn, p @ Ln  # K and L are symmetric
-        pk, pl_ = (kp * p).sum(1), (lp * p).sum(1)
 
-        def centred(M, a, b, pa, pb):
-            return ((p @ M) * p).sum(1) - 2.0 * (p * a * b).sum(1) + pa * pb
+        def centred(M, a, b):  # M = A o B, a = pA, b = pB
+            return ((p @ M) * p).sum(1) - 2.0 * (p * a * b).sum(1) + (a * p).sum(1) * (b * p).sum(1)
 
-        num, kk, ll = centred(KL, kp, lp, pk, pl_), centred(KK, kp, kp, pk, pk), centred(LL, lp, lp, pl_, pl_)
+        num, kk, ll = centred(KL, kp, lp), centred(KK, kp, kp), centred(LL, lp, lp)
         den = np.sqrt(np.clip(kk, 0.0, None) * np.clip(ll, 0.0, None))
         return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
 

@@ -179,11 +179,9 @@ def bootstrap_ci_indices(n: int, fn: Callable[[np.ndarray], float], *, n_boot: i
     rng = np.random.default_rng(seed)
     if batched and groups is not None:
         raise HybridlabError("batched=True resamples single units; pass groups=None or a per-row fn")
-    if batched:
-        reps = [float(v) for batch in _draw(rng, n, n_boot) for v in np.asarray(fn(batch), dtype=np.float64)]
-        method = "percentile bootstrap"
-    elif groups is None:
-        reps = [float(fn(i)) for batch in _draw(rng, n, n_boot) for i in batch]
+    if groups is None:
+        batches = _draw(rng, n, n_boot)
+        reps = [float(v) for b in batches for v in fn(b)] if batched else [float(fn(i)) for b in batches for i in b]
         method = "percentile bootstrap"
     else:
         g = np.asarray(groups.to_numpy() if isinstance(groups, pl.Series) else groups)
