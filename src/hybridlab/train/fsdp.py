@@ -16,6 +16,8 @@
 - **Mixed precision** on CUDA with bf16: `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`
   (fp32 master weights and gradient reduction). On CPU the loop's bf16 autocast does the casting and
   gradients reduce in fp32.
+- **Fused RMSNorm on CPU**: the trained model's transformers RMSNorms take `models.fused`'s one-node
+  forward/backward (bit-identical output, fewer element-wise passes); `finish()` restores their classes.
 - **Activation checkpointing** (`activation_checkpointing=True`): each decoder layer's forward runs
   under non-reentrant `torch.utils.checkpoint`, inside the FSDP unit (recomputed in backward). Names
   of parameters do not change, so freeze patterns, optimiser groups and checkpoints are unaffected.
@@ -43,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from hybridlab.errors import HybridlabError
+from hybridlab.models.fused import fuse_rms_norms
 from hybridlab.models.sites import decoder_layers_or_none
 from hybridlab.train.distributed import DistContext
 
@@ -68,9 +71,12 @@ class Engine:
                  activation_checkpointing: bool = False, extra_units: Callable[[nn.Module], Sequence[nn.Module]] | None = None):
         self.ctx, self.caller = ctx, model
         self.sharded = ctx.enabled
+        self._unfuse = lambda: None
         if not self.sharded:
             self.model = model.to(ctx.device)
             self._ckpt_layers = _enable_checkpointing(model) if activation_checkpointing else []
+            if ctx.device.type == "cpu":
+                self._unfuse = fuse_rms_norms(model)
             self._root = None
             return
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -79,6 +85,8 @@ class Engine:
         full_sd = {k: v.detach() for k, v in model.state_dict().items()}
         work, self._slots = _meta_copy(model)
         self._ckpt_layers = _enable_checkpointing(work) if activation_checkpointing else []
+        if ctx.device.type == "cpu":
+            fuse_rms_norms(work)  # the sharded copy is dropped at finish(): nothing to undo
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if bf16_params and ctx.device.type == "cuda" else MixedPrecisionPolicy())
         units = list(extra_units(work)) if extra_units is not None else []
@@ -158,6 +166,7 @@ class Engine:
     def finish(self) -> None:
         """Give the caller's model its trained weights (full, on every rank) and drop the sharded copy."""
         _disable_checkpointing(self._ckpt_layers)
+        self._unfuse()
         if not self.sharded:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -167,8 +176,10 @@ class Engine:
         _restore_from(self._slots, full, self.ctx.device)
 
     def abandon(self) -> None:
-        """After an error: undo activation checkpointing; a sharded run leaves the caller's weights on meta."""
+        """After an error: undo activation checkpointing and the fused norms; a sharded run leaves the caller's
+        weights on meta."""
         _disable_checkpointing(self._ckpt_layers)
+        self._unfuse()
 
 
 class Frozen:
