@@ -42,6 +42,15 @@ EXPECTED = {
         "interleaved_sandwich": [0, 2, 11],
         "endpoint_spread": [0, 6, 11],
     },
+    # the smoke teacher (4 layers, one FA layer): every scheme but standard_periodic gives layer 0, which is
+    # why the smoke preset distils only standard_periodic and sandwich (config.yaml)
+    (4, 0.25): {
+        "standard_periodic": [3],
+        "reverse_periodic": [0],
+        "sandwich": [0],
+        "interleaved_sandwich": [0],
+        "endpoint_spread": [0],
+    },
 }
 
 

@@ -13,7 +13,7 @@ from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states
 from hybridlab.eval.softcka import soft_cka
 
-PLACEMENTS = ["endpoint_spread", "interleaved_sandwich", "reverse_periodic", "sandwich", "standard_periodic"]
+PLACEMENTS = ["sandwich", "standard_periodic"]  # the smoke preset's (config.yaml)
 MODELS = {"teacher"} | {f"teacher/{p}-gdn" for p in PLACEMENTS}
 TABLES = ["softcka", "recency", "fertility", "niah"]
 

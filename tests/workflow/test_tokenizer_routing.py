@@ -121,4 +121,6 @@ def test_smoke_dag_keeps_its_shape():
     counts = {rule: len(v) for rule, v in jobs.items()}
     # 9 tables: the 4 original, placement_tests, tokens_to_target, retrieval_score, sr_accuracy and findings
     assert counts["table"] == 9 and counts["figure"] == 15
-    assert sum(counts.values()) == 64  # BLD-SR: 4 arms at smoke (one of each kind)
+    # BLD-SR: 4 arms (one of each kind); distillation: 2 placements x (convert, stage 1, stage 2); BLD-NL: 4 arms
+    assert counts["bld_sr"] == 4 and counts["distill_stage2"] == 2 and counts["bld_nl"] == 4
+    assert sum(counts.values()) == 53
