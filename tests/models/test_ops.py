@@ -186,6 +186,25 @@ def test_chunk_gradients_match_naive_fp32(kind):
         assert rel < 1e-4, rel
 
 
+@pytest.mark.parametrize("kind", ["kda", "gla"])
+def test_per_channel_scores_in_several_groups_match_naive_fp64(kind, diagonal_path, monkeypatch):
+    """A score-buffer budget of one element puts every chunk in its own group (the path of long batches
+    with strong decays): outputs, final state and every gradient still match the per-token reference."""
+    monkeypatch.setattr(common, "SCORE_BUFFER_ELEMENTS", 1)
+    inputs = [x.requires_grad_() for x in make_inputs(kind, T=19)]
+    q, k, v, g, beta, h0 = inputs
+    b = common.to_chunks(g.detach(), 4, g.dtype).cumsum(2)
+    assert len(common._chunk_groups(b)) == 5  # T = 19 -> 5 chunks of 4, one group each
+    wanted = [q, k, v, g, h0] + ([beta] if kind != "gla" else [])
+
+    def run(fn, **kw):
+        o, S = call(fn, kind, q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
+        return [o, S, *torch.autograd.grad(o.square().sum() + S.sum(), wanted)]
+
+    for got, ref in zip(run(CHUNK[kind], chunk_size=4), run(NAIVE[kind])):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 7, 32])
 @pytest.mark.parametrize("with_h0", [False, True])
 @pytest.mark.parametrize("final_state_loss", [False, True])

@@ -152,6 +152,20 @@ def lower_mask(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
 
 
+def _bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
+    """``alpha * (a @ b)`` over leading ``[N, Z]`` dims as one batched GEMM (``alpha`` costs no extra pass)."""
+    out = a.new_empty(*a.shape[:-1], b.shape[-1])
+    flat = out.view(-1, *out.shape[-2:])
+    torch.baddbmm(flat, a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), beta=0.0, alpha=alpha, out=flat)
+    return out
+
+
+def _addmm_(out: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
+    """``out += alpha * (a @ b)`` over leading ``[N, Z]`` dims without allocating the product."""
+    out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), alpha=alpha)
+    return out
+
+
 def pairwise_decay(b_NZC: Tensor) -> Tensor:
     """``D[i, j] = exp(b_i - b_j)`` for ``j <= i`` and 0 above the diagonal, without overflow."""
     C = b_NZC.shape[-1]
@@ -394,21 +408,41 @@ def per_channel_scores(rows: list[Tensor], k_NZCK: Tensor, b_NZCK: Tensor) -> li
     return [p.view(*lead, C, C) for p in out]
 
 
-def _gather(ws: Scratch, name: str, x: Tensor, C: int, n: int) -> Tensor:
-    """Chunk ``n`` of ``[B, T, H, *D]`` (any strides) as a contiguous ``[B*H, C, *D]`` scratch buffer."""
-    B, _, H = x.shape[:3]
-    chunk = chunk_view(x, C)[n]  # [B, H, C, *D]
-    out = ws.get(name, (B * H, C, *x.shape[3:]), x)
-    out.view(chunk.shape).copy_(chunk)
-    return out
+# Element budget of one scratch buffer of the scores (32 MiB in fp32): the chunks' scores are formed in
+# groups of chunks that keep the largest buffer under it, so strong decays (the element-wise diagonal path,
+# ``[Z, S, c, c, K]`` buffers) on long batches do not allocate gigabytes.
+SCORE_BUFFER_ELEMENTS = 1 << 23
 
 
-def _chunk_decay(ws: Scratch, g: Tensor, C: int, n: int) -> Tensor:
-    """Within-chunk cumulative log-decay ``b [B*H, C, K]`` of chunk ``n`` of ``g [B, T, H, K]``."""
-    B, _, H, K = g.shape
-    b = ws.get("b", (B * H, C, K), g)
-    torch.cumsum(chunk_view(g, C)[n], dim=2, out=b.view(B, H, C, K))
-    return b
+def _chunk_groups(b: Tensor) -> list[slice]:
+    """Slices of the chunk dim of ``b [N, Z, C, K]`` whose score buffers stay within ``SCORE_BUFFER_ELEMENTS``."""
+    N, Z, C, K = b.shape
+    c = fold_size(b.view(N * Z, C, K))
+    per_chunk = Z * C * K * (C // c if c else sub_chunk_size(C))  # k_cols [Z, S, S, c, K] / decay [Z, S, c, c, K]
+    step = max(1, SCORE_BUFFER_ELEMENTS // per_chunk)
+    return [slice(n, min(n + step, N)) for n in range(0, N, step)]
+
+
+def _pc_intra(q, k, g, beta, scale: float, C: int, ws: Scratch):
+    """The intra-chunk terms of every chunk, in the chunk layout ``[N, Z, C, *]``: scaled queries, keys,
+    cumulative log-decays ``b``, the scores ``P`` (and KDA's ``KK``, ``beta``, ``T``), formed for whole
+    groups of chunks at once (`_chunk_groups`)."""
+    qc = to_chunks(q, C, q.dtype).mul_(scale)
+    kc, b = to_chunks(k, C, k.dtype), to_chunks(g, C, g.dtype).cumsum_(2)
+    N, Z, _, K = kc.shape
+    delta = beta is not None
+    P = kc.new_empty(N, Z, C, C)
+    KK = kc.new_empty(N, Z, C, C) if delta else None
+    for sl in _chunk_groups(b):
+        M = (sl.stop - sl.start) * Z
+        rows = [qc[sl].view(M, C, K)] + ([kc[sl].view(M, C, K)] if delta else [])
+        outs = [P[sl].view(M, C, C)] + ([KK[sl].view(M, C, C)] if delta else [])
+        _scores(_score_parts(b[sl].view(M, C, K), ws), rows, kc[sl].view(M, C, K), ws, outs)
+    betac = Tinv = None
+    if delta:
+        betac = to_chunks(beta, C, beta.dtype)[..., None]  # [N, Z, C, 1]
+        Tinv = unit_lower_inverse(KK * betac)  # only the strict lower triangle is read
+    return qc, kc, b, P, KK, betac, Tinv
 
 
 def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
@@ -417,130 +451,131 @@ def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
     KDA (``beta`` given): ``A = strict_lower(beta_i scores(k, k))``, ``T = (I + A)^{-1}``,
     ``V_new = T (diag(beta) V - K_bg S)`` with ``K_bg = diag(beta) (exp(b) * K)``; GLA: ``V_new = V``.
     Both: ``O = (exp(b) * Q) S + P V_new``, ``S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V_new``.
-    The scan runs one chunk at a time: each chunk's q, k, v, g (and beta) are gathered from fla's
-    layout into small reused buffers, ``b = cumsum(g)`` and ``scale`` are applied there, and the output
-    is written straight into ``[B, T, H, V]``, so no full-size layout copy is made and every decay
-    factor and score matrix stays in cache.
+
+    Everything that does not depend on the state (the scores ``P`` and ``KK``, ``T``, the decay-scaled
+    rows) is computed for all chunks at once, as a few large batched products and element-wise passes;
+    only the state recurrence runs chunk by chunk (two or three small products per chunk), and the
+    output is one batched product over all chunks after it. With ``save`` it returns what the backward
+    needs, in the chunk layout (so the backward does not redo the layout copies and the cumsum).
     """
     B, T, H, K = k.shape
-    V = v.shape[-1]
-    N, Z = T // C, B * H
-    delta = beta is not None
-    o = v.new_empty(B, T, H, V)
-    o_chunks = chunk_view(o, C)
-    S_all = k.new_empty(N + 1, Z, K, V)  # S_all[n] = state entering chunk n
+    ws = Scratch()
+    qc, kc, b, P, KK, betac, Tinv = _pc_intra(q, k, g, beta, scale, C, ws)
+    N, Z = kc.shape[:2]
+    vc = to_chunks(v, C, v.dtype)
+    b_last = b[:, :, -1:]  # [N, Z, 1, K]
+    decay = b_last.mT.exp()  # [N, Z, K, 1]: Diag(exp(b_C))
+    Kd = torch.sub(b_last, b).exp_().mul_(kc)
+    S_all = k.new_empty(N + 1, Z, K, vc.shape[-1])  # S_all[n] = state entering chunk n
     if h0 is None:
         S_all[0].zero_()
     else:
         S_all[0].copy_(h0)
-    P_all = k.new_empty(N, Z, C, C) if save else None
-    KK_all = Tinv_all = Vn_all = None
-    if delta and save:
-        KK_all, Tinv_all, Vn_all = k.new_empty(N, Z, C, C), k.new_empty(N, Z, C, C), v.new_empty(N, Z, C, V)
-    ws = Scratch()
-    for n in range(N):
-        S = S_all[n]
-        q_n, k_n, v_n = _gather(ws, "q", q, C, n).mul_(scale), _gather(ws, "k", k, C, n), _gather(ws, "v", v, C, n)
-        b_n = _chunk_decay(ws, g, C, n)
-        parts = _score_parts(b_n, ws)
-        gam = torch.exp(b_n, out=ws.get("gam", b_n.shape, b_n))
-        b_last = b_n[:, -1:]
-        Kd = torch.sub(b_last, b_n, out=ws.get("Kd", b_n.shape, b_n)).exp_().mul_(k_n)
-        P = P_all[n] if save else ws.get("P", (Z, C, C), k)
-        if delta:
-            KK = KK_all[n] if save else ws.get("KK", (Z, C, C), k)
-            _scores(parts, [q_n, k_n], k_n, ws, [P, KK])
-            beta_n = _gather(ws, "beta", beta, C, n)[..., None]
-            Tinv = unit_lower_inverse(KK * beta_n)  # only the strict lower triangle is read
-            Kbg = torch.mul(gam, beta_n, out=ws.get("Kbg", b_n.shape, b_n)).mul_(k_n)
-            X = v_n.mul_(beta_n).baddbmm_(Kbg, S, alpha=-1.0)  # V_b - K_bg S, in v's buffer
-            Vn = torch.bmm(Tinv, X, out=Vn_all[n] if save else ws.get("Vn", X.shape, v))
-            if save:
-                Tinv_all[n] = Tinv
-        else:
-            _scores(parts, [q_n], k_n, ws, [P])
-            Vn = v_n
-        O = torch.bmm(P, Vn, out=ws.get("O", Vn.shape, v)).baddbmm_(gam.mul_(q_n), S)  # gam becomes Q_g
-        o_chunks[n].copy_(O.view(B, H, C, V))
-        torch.mul(S, b_last.mT.exp(), out=S_all[n + 1]).baddbmm_(Kd.mT, Vn)
-    return o, S_all[N], (S_all, P_all, KK_all, Tinv_all, Vn_all)
+    if beta is not None:
+        Kbg = b.exp().mul_(betac).mul_(kc)
+        Vn = vc * betac  # V_b, then X = V_b - K_bg S, then V_new = T X, chunk by chunk in place
+        X = ws.get("X", Vn.shape[1:], Vn)
+        for n in range(N):
+            X.copy_(Vn[n]).baddbmm_(Kbg[n], S_all[n], alpha=-1.0)
+            torch.bmm(Tinv[n], X, out=Vn[n])
+            torch.mul(S_all[n], decay[n], out=S_all[n + 1]).baddbmm_(Kd[n].mT, Vn[n])
+    else:
+        Vn = vc
+        for n in range(N):
+            torch.mul(S_all[n], decay[n], out=S_all[n + 1]).baddbmm_(Kd[n].mT, Vn[n])
+    Qg = b.exp().mul_(qc)
+    O = _bmm(P, Vn)
+    _addmm_(O, Qg, S_all[:N])
+    o = from_chunks(O, B, H, T)
+    saved = (qc, kc, b, vc, betac, S_all, P, KK, Tinv, Vn) if save else None
+    return o, S_all[N], saved
 
 
-def _pc_backward(q, k, v, g, beta, dO, dhT, saved, scale: float, C: int):
-    """Hand-written backward of :func:`_pc_forward`: the scan in reverse, one chunk at a time.
+def _pc_backward(dO, dhT, saved, scale: float, shape: tuple[int, int, int]):
+    """Hand-written backward of :func:`_pc_forward`, with the same split: the state gradients by a
+    reverse scan (two or three small products per chunk), everything else for all chunks at once.
 
     ``dV_new = P^T dO + K_d dS'``; KDA: ``dX = T^T dV_new`` (``dv = beta dX``), ``dK_bg = -dX S^T``,
     ``dA = -strict_lower(dX V_new^T)``; ``dS = Diag(exp(b_C)) dS' + Q_g^T dO - K_bg^T dX``. The score
     gradients go through :func:`_scores_backward`; everything that depends on the decays lands in
-    ``db`` (the within-chunk cumulative log-decay), whose reverse cumsum is ``dg``. Gradients are
-    written straight into fla's layout, chunk by chunk.
+    ``db`` (the within-chunk cumulative log-decay), whose reverse cumsum is ``dg``. ``shape`` is
+    ``(B, H, T)`` of the fla-layout inputs; the gradients come back in that layout.
     """
-    S_all, P_all, KK_all, Tinv_all, Vn_all = saved
-    B, T, H, K = k.shape
-    V = v.shape[-1]
-    N, Z = T // C, B * H
-    delta = beta is not None
-    dq, dk, dv, dg = (torch.empty_like(x) for x in (q, k, v, g))
-    dbeta = torch.empty_like(beta) if delta else None
-    dq_c, dk_c, dv_c, dg_c = (chunk_view(x, C) for x in (dq, dk, dv, dg))
+    qc, kc, b, vc, betac, S_all, P, KK, Tinv, Vn = saved
+    B, H, T = shape
+    N, Z, C, K = kc.shape
+    delta = betac is not None
     ws = Scratch()
-    dS, dS_prev = k.new_zeros(Z, K, V), k.new_empty(Z, K, V)  # ping-pong: leaving / entering the chunk
-    if dhT is not None:
-        dS.copy_(dhT.reshape(Z, K, V))
-
-    def buf(name, like):
-        return ws.get(name, like.shape, like)
-
+    dOc = to_chunks(dO, C, dO.dtype)
+    b_last = b[:, :, -1:]
+    decay = b_last.mT.exp()
+    gam = b.exp()
+    e_d = torch.sub(b_last, b).exp_()
+    Kd = e_d * kc
+    Qg = gam * qc
+    Kbg = (gam * betac).mul_(kc) if delta else None
+    # reverse scan: dS_all[n] = gradient of the state entering chunk n
+    dS_all = torch.empty_like(S_all)
+    if dhT is None:
+        dS_all[N].zero_()
+    else:
+        dS_all[N].copy_(dhT.reshape(Z, K, -1))
+    dVn = _bmm(P.mT, dOc)  # P^T dO, then + K_d dS' per chunk
+    QdO = _bmm(Qg.mT, dOc)  # Q_g^T dO
+    dX = torch.empty_like(dVn) if delta else None
     for n in range(N - 1, -1, -1):
-        S, P = S_all[n], P_all[n]
-        q_n, k_n, v_n = _gather(ws, "q", q, C, n).mul_(scale), _gather(ws, "k", k, C, n), _gather(ws, "v", v, C, n)
-        dO_n = _gather(ws, "dO", dO, C, n)
-        b_n = _chunk_decay(ws, g, C, n)
-        parts = _score_parts(b_n, ws)
-        gam = torch.exp(b_n, out=buf("gam", b_n))
-        b_last = b_n[:, -1:]
-        e_d = torch.sub(b_last, b_n, out=buf("e_d", b_n)).exp_()
-        Kd = torch.mul(k_n, e_d, out=buf("Kd", b_n))
-        Qg = torch.mul(q_n, gam, out=buf("Qg", b_n))
-        Vn = Vn_all[n] if delta else v_n
-        dVn = torch.bmm(P.mT, dO_n, out=buf("dVn", v_n)).baddbmm_(Kd, dS)
-        dP = torch.bmm(dO_n, Vn.mT, out=buf("dP", P))  # only its lower triangle is read
-        dQg = torch.bmm(dO_n, S.mT, out=buf("dQg", b_n))
-        dKd = torch.bmm(Vn, dS.mT, out=buf("dKd", b_n))
-        d_last = torch.linalg.vecdot(S, dS).mul_(b_last[:, 0].exp())  # through Diag(exp(b_C)) S, [Z, K]
-        torch.mul(dS, b_last.mT.exp(), out=dS_prev).baddbmm_(Qg.mT, dO_n)
+        dS = dS_all[n + 1]
+        dVn[n].baddbmm_(Kd[n], dS)
+        torch.mul(dS, decay[n], out=dS_all[n]).add_(QdO[n])
         if delta:
-            beta_n = _gather(ws, "beta", beta, C, n)[..., None]
-            gb = torch.mul(gam, beta_n, out=buf("gb", b_n))
-            dX = torch.bmm(Tinv_all[n].mT, dVn, out=buf("dX", dVn))
-            torch.mul(dX.view(B, H, C, V), beta_n.view(B, H, C, 1), out=dv_c[n])
-            dbeta_n = torch.linalg.vecdot(dX, v_n)
-            ndKbg = torch.bmm(dX, S.mT, out=buf("ndKbg", b_n))  # -dK_bg
-            ndA = torch.bmm(dX, Vn.mT, out=buf("ndA", P)).tril_(-1)  # -dA (strict lower)
-            dbeta_n -= torch.linalg.vecdot(ndA, KK_all[n])
-            dKK = ndA.mul_(beta_n).neg_()
-            Kbg = torch.mul(k_n, gb, out=buf("Kbg", b_n))
-            dS_prev.baddbmm_(Kbg.mT, dX, alpha=-1.0)
-            (dq_s, dk_r), dk_s, db_s = _scores_backward(parts, [q_n, k_n], k_n, [dP, dKK], ws)
-            dk_s += dk_r
-            dk_s.addcmul_(ndKbg, gb, value=-1.0)
-            dbeta_n -= torch.linalg.vecdot(ndKbg, torch.mul(k_n, gam, out=gb))
-            db_s.addcmul_(ndKbg, Kbg, value=-1.0)
-            chunk_view(dbeta, C)[n].copy_(dbeta_n.view(B, H, C))
-        else:
-            dv_c[n].copy_(dVn.view(B, H, C, V))
-            (dq_s,), dk_s, db_s = _scores_backward(parts, [q_n], k_n, [dP], ws)
-        dq_s.addcmul_(dQg, gam).mul_(scale)  # q entered scaled
-        dq_c[n].copy_(dq_s.view(B, H, C, K))
-        dk_c[n].copy_(dk_s.addcmul_(dKd, e_d).view(B, H, C, K))
-        db_s.addcmul_(dQg, Qg)
-        kd_term = dKd.mul_(Kd)
-        db_s -= kd_term
-        db_s[:, -1] += kd_term.sum(1) + d_last
-        # dg = reverse cumsum of db within the chunk
-        dg_c[n].copy_(torch.cumsum(db_s.flip(1), dim=1).flip(1).view(B, H, C, K))
-        dS, dS_prev = dS_prev, dS
-    return dq, dk, dv, dg, dbeta, dS
+            torch.bmm(Tinv[n].mT, dVn[n], out=dX[n])
+            dS_all[n].baddbmm_(Kbg[n].mT, dX[n], alpha=-1.0)
+    S_in, dS_out = S_all[:N], dS_all[1:]
+    dP = _bmm(dOc, Vn.mT)  # only its lower triangle is read
+    dQg = _bmm(dOc, S_in.mT)
+    dKd = _bmm(Vn, dS_out.mT)
+    d_last = torch.linalg.vecdot(S_in, dS_out).mul_(decay[..., 0])  # through Diag(exp(b_C)) S, [N, Z, K]
+
+    dKK = None
+    if delta:
+        dv = dX * betac
+        dbeta = torch.linalg.vecdot(dX, vc)
+        ndKbg = _bmm(dX, S_in.mT)  # -dK_bg
+        ndA = _bmm(dX, Vn.mT).tril_(-1)  # -dA (strict lower)
+        dbeta -= torch.linalg.vecdot(ndA, KK)
+        dKK = ndA.mul_(betac).neg_()
+    # the score gradients, group by group (the decay factors are element-wise and cheap: recomputed, not saved)
+    groups = _chunk_groups(b)
+    parts = [], [], []  # dq, dk, db per group
+    for sl in groups:
+        Mg = (sl.stop - sl.start) * Z
+        rows = [qc[sl].view(Mg, C, K)] + ([kc[sl].view(Mg, C, K)] if delta else [])
+        grads = [dP[sl].view(Mg, C, C)] + ([dKK[sl].view(Mg, C, C)] if delta else [])
+        dxs, dk_g, db_g = _scores_backward(_score_parts(b[sl].view(Mg, C, K), ws), rows, kc[sl].view(Mg, C, K),
+                                           grads, ws)
+        if delta:  # k enters as a row set and as the keys
+            dk_g += dxs[1]
+        # dxs may be views of the scratch buffers, which the next group reuses
+        dq_g = dxs[0] if len(groups) == 1 else dxs[0].clone()
+        for acc, x in zip(parts, (dq_g, dk_g, db_g)):
+            acc.append(x.view(-1, Z, C, K))
+    dq_s, dk_s, db_s = (acc[0] if len(acc) == 1 else torch.cat(acc) for acc in parts)
+    if delta:
+        dk_s.addcmul_(ndKbg, gam * betac, value=-1.0)
+        dbeta -= torch.linalg.vecdot(ndKbg, gam * kc)
+        db_s.addcmul_(ndKbg, Kbg, value=-1.0)
+        dbeta = from_chunks(dbeta[..., None], B, H, T)[..., 0]
+    else:
+        dv, dbeta = dVn, None
+    db_s.addcmul_(dQg, Qg)
+    dq_s.addcmul_(dQg, gam).mul_(scale)  # q entered scaled
+    dk_s.addcmul_(dKd, e_d)
+    kd_term = dKd.mul_(Kd)
+    db_s -= kd_term
+    db_s[:, :, -1] += kd_term.sum(2) + d_last
+    dg = torch.cumsum(db_s.flip(2), dim=2).flip(2)  # reverse cumsum of db within the chunk
+    dq, dk, dv, dg = (from_chunks(x, B, H, T) for x in (dq_s, dk_s, dv, dg))
+    return dq, dk, dv, dg, dbeta, dS_all[0]
 
 
 class _PerChannelChunk(torch.autograd.Function):
@@ -549,15 +584,14 @@ class _PerChannelChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, scale, C):
         o, hT, saved = _pc_forward(q, k, v, g, beta, h0, scale, C, save=True)
-        ctx.delta, ctx.has_h0, ctx.scale, ctx.C = beta is not None, h0 is not None, scale, C
-        ctx.save_for_backward(q, k, v, g, beta, *saved)
+        B, T, H = k.shape[:3]
+        ctx.delta, ctx.has_h0, ctx.scale, ctx.shape = beta is not None, h0 is not None, scale, (B, H, T)
+        ctx.save_for_backward(*saved)
         return o, hT
 
     @staticmethod
     def backward(ctx, dO, dhT):
-        q, k, v, g, beta, *saved = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = _pc_backward(q, k, v, g, beta if ctx.delta else None, dO, dhT, saved,
-                                                  ctx.scale, ctx.C)
+        dq, dk, dv, dg, dbeta, dh0 = _pc_backward(dO, dhT, ctx.saved_tensors, ctx.scale, ctx.shape)
         return dq, dk, dv, dg, dbeta, (dh0 if ctx.has_h0 else None), None, None
 
 
@@ -565,7 +599,7 @@ def chunk_per_channel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor |
                       scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
     """Chunked GLA (``beta=None``) or KDA in fla's layout; ``(o [B, T, H, V], S [B*H, K, V])``.
 
-    ``q`` is unscaled (``scale`` is applied per chunk), ``g`` the per-channel log-decay, ``h0`` is
+    ``q`` is unscaled (``scale`` is applied in the chunk layout), ``g`` the per-channel log-decay, ``h0`` is
     ``[B*H, K, V]`` or None; T need not be a multiple of ``chunk_size`` (neutral right-padding). Under
     autograd it runs as one ``autograd.Function`` with a hand-written backward.
     """

@@ -51,6 +51,8 @@ import torch
 from torch import Tensor
 
 from hybridlab.models.ops.common import (
+    _addmm_,
+    _bmm,
     check_inputs,
     compute_dtype,
     expand_gva,
@@ -99,20 +101,6 @@ def naive_recurrent_gdn(
         outs.append((S * q[:, t, :, :, None]).sum(-2))
     o = torch.stack(outs, dim=1).to(v.dtype)
     return o, (S if output_final_state else None)
-
-
-def _bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
-    """``alpha * (a @ b)`` over leading ``[N, Z]`` dims as one batched GEMM (``alpha`` costs no extra pass)."""
-    out = a.new_empty(*a.shape[:-1], b.shape[-1])
-    flat = out.view(-1, *out.shape[-2:])
-    torch.baddbmm(flat, a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), beta=0.0, alpha=alpha, out=flat)
-    return out
-
-
-def _addmm_(out: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
-    """``out += alpha * (a @ b)`` over leading ``[N, Z]`` dims without allocating the product."""
-    out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), alpha=alpha)
-    return out
 
 
 def _gdn_forward(q, k, v, g, beta, scale, h0, C):

@@ -11,8 +11,8 @@ Chunked form with ``b = cumsum(g)`` per channel inside a chunk and state ``S`` a
 
 ``P`` comes from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
 (secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
-:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with KDA): one scan over chunks with a
-hand-written backward.
+:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with KDA): the scores of all chunks at
+once, a scan over chunks for the state only, and a hand-written backward.
 
 CUDA tensors go to fla's ``chunk_gla`` / ``fused_recurrent_gla`` (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
 CPU tensors never touch Triton.

@@ -15,9 +15,9 @@ it matches fla's ``naive_chunk_kda``):
 
 ``A`` and ``P`` come from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
 (secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
-:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with GLA): one scan over chunks that
-reads fla's layout chunk by chunk, forms ``V_new = T (diag(beta) V - K_bg S)`` without ``W``, and has a
-hand-written backward (the scan in reverse).
+:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with GLA): the scores, ``T`` and the
+decay-scaled rows of all chunks at once, then a scan over chunks that forms ``V_new = T (diag(beta) V -
+K_bg S)`` without ``W``; a hand-written backward with the same split (the scan in reverse).
 
 CUDA tensors go to fla's ``chunk_kda`` / ``fused_recurrent_kda`` (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
 CPU tensors never touch Triton.
