@@ -473,10 +473,10 @@ def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
         S_all[0].copy_(h0)
     if beta is not None:
         Kbg = b.exp().mul_(betac).mul_(kc)
-        Vn = vc * betac  # V_b, then X = V_b - K_bg S, then V_new = T X, chunk by chunk in place
+        Vn = vc * betac  # V_b, then V_new = T X with X = V_b - K_bg S, chunk by chunk in place
         X = ws.get("X", Vn.shape[1:], Vn)
         for n in range(N):
-            X.copy_(Vn[n]).baddbmm_(Kbg[n], S_all[n], alpha=-1.0)
+            torch.baddbmm(Vn[n], Kbg[n], S_all[n], alpha=-1.0, out=X)
             torch.bmm(Tinv[n], X, out=Vn[n])
             torch.mul(S_all[n], decay[n], out=S_all[n + 1]).baddbmm_(Kd[n].mT, Vn[n])
     else:
