@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridlab.errors import HybridlabError
+from hybridlab.train import losses
 from hybridlab.train.losses import (
     Projected,
     answer_accuracy,
@@ -151,8 +152,13 @@ def test_masked_ce_and_answer_accuracy():
         masked_ce(logits, torch.full_like(labels, -100))
 
 
+@pytest.mark.parametrize("kept_logits", [True, False])
 @pytest.mark.parametrize("chunk_tokens,vocab_chunk", [(3, 5), (100, None), (1, 23)])
-def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens, vocab_chunk):
+def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens, vocab_chunk, kept_logits,
+                                                                    monkeypatch):
+    """Both backward paths: the forward's logits kept (small) or recomputed (over CE_CACHE_ELEMENTS)."""
+    if not kept_logits:
+        monkeypatch.setattr(losses, "CE_CACHE_ELEMENTS", 0)
     _, _, _, sh, sw, sb, mask = _setup()
     labels = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(3))
     labels[~mask] = -100
@@ -167,6 +173,33 @@ def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens
     ref_l = F.cross_entropy(logits.reshape(-1, 23), labels.reshape(-1))
     torch.testing.assert_close(ce_l, ref_l, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(torch.autograd.grad(ce_l, logits)[0], torch.autograd.grad(ref_l, logits)[0])
+
+
+class _MatmulCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("limit,backward_matmuls", [(None, 2 * 4), (0, 3 * 4)])
+def test_ce_backward_reuses_the_kept_logits_and_a_second_backward_recomputes(limit, backward_matmuls, monkeypatch):
+    """4 chunks of logits: with the logits kept the backward runs 2 products per chunk (d hidden, d weight),
+    recomputing them 3; a retained graph's second backward finds nothing kept and gives the same gradients."""
+    if limit is not None:
+        monkeypatch.setattr(losses, "CE_CACHE_ELEMENTS", limit)
+    _, _, _, sh, sw, _, _ = _setup()
+    labels = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(3))
+    ce = ce_chunked(Projected(sh, sw), labels, chunk_tokens=4)  # 14 tokens -> 4 row chunks
+    with _MatmulCount() as count:
+        first = torch.autograd.grad(ce, [sh, sw], retain_graph=True)
+    assert count.n == backward_matmuls
+    second = torch.autograd.grad(ce, [sh, sw])
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_token_nll_and_kl_chunked_match_naive_per_token():

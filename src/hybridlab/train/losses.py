@@ -14,7 +14,7 @@ whose logits `(hidden @ weight.T + bias) * scale` are produced chunk by chunk (`
 such as Granite's `1 / logits_scaling`). Projected sides never materialise `[B, T, V]`: custom
 autograd Functions walk `chunk_tokens` rows at a time and, optionally, `vocab_chunk` columns at a
 time with an online logsumexp, recomputing the logits in the backward, so peak extra memory is
-O(chunk_tokens * vocab_chunk). Tokens outside the mask (or with ignored labels) are dropped before
+O(chunk_tokens * vocab_chunk) (the CE keeps them instead when they are small: `CE_CACHE_ELEMENTS`). Tokens outside the mask (or with ignored labels) are dropped before
 projecting. Gradients flow to every input that requires them: d KL/dz_s = p_s - p_t,
 d KL/dz_t = p_t (log p_t - log p_s - KL), d CE/dz = p - onehot(label), times the token weight.
 
@@ -355,8 +355,16 @@ def _target_logit(z: Tensor, t_N: Tensor, v0: int, v1: int, prev: Tensor | None)
     return torch.where(inside, picked, 0.0 if prev is None else prev)
 
 
-def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int) -> tuple[Tensor, Tensor]:
-    """(-log p(target) per row, lse per row) in the reduction dtype; one pass (online logsumexp)."""
+# A CE forward over a projected side keeps its logits for the backward, instead of recomputing them,
+# when there are at most this many (64 MiB in fp32): at the small presets' shapes on a CPU the recomputed
+# head GEMM is a quarter of the loss's GEMM work. Larger (paper-size vocabularies x tokens) recompute.
+CE_CACHE_ELEMENTS = 1 << 24
+
+
+def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int,
+             cache: dict | None = None) -> tuple[Tensor, Tensor]:
+    """(-log p(target) per row, lse per row) in the reduction dtype; one pass (online logsumexp).
+    With `cache`, each logits chunk is stored there under (r0, v0) for the backward."""
     N, V = t_N.shape[0], side.V
     t_N = t_N.to(side.device)
     nll_N, lse_N = (torch.empty(N, device=side.device, dtype=side.acc) for _ in range(2))
@@ -369,6 +377,8 @@ def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int) -> tuple[Te
             chunk = torch.logsumexp(z, -1)
             lse = chunk if lse is None else torch.logaddexp(lse, chunk)
             tgt = _target_logit(z, t_N[r0:r1], v0, v1, tgt)
+            if cache is not None:
+                cache[r0, v0] = z
         nll_N[r0:r1], lse_N[r0:r1] = lse - tgt, lse
     return nll_N, lse_N
 
@@ -377,7 +387,9 @@ class _ChunkedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight_N, labels_N, chunk_tokens, vocab_chunk, spec, *tensors):
         side = _Logits(spec, tensors)
-        nll_N, lse_N = _ce_pass(side, labels_N, chunk_tokens, vocab_chunk)
+        keep = spec[0] != "logits" and labels_N.shape[0] * side.V <= CE_CACHE_ELEMENTS
+        ctx.cache = {} if keep else None  # popped by the backward (a second backward recomputes)
+        nll_N, lse_N = _ce_pass(side, labels_N, chunk_tokens, vocab_chunk, ctx.cache)
         w_N = weight_N.to(side.device, nll_N.dtype)
         ctx.save_for_backward(w_N, labels_N.to(side.device), lse_N, *tensors)
         ctx.meta = (chunk_tokens, vocab_chunk, spec)
@@ -396,7 +408,8 @@ class _ChunkedCE(torch.autograd.Function):
             t = labels_N[r0:r1]
             for v0 in range(0, V, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, V)
-                gz = side(r0, r1, v0, v1).sub_(lse_N[r0:r1, None]).exp_()  # p
+                z = ctx.cache.pop((r0, v0), None) if ctx.cache else None
+                gz = (side(r0, r1, v0, v1) if z is None else z).sub_(lse_N[r0:r1, None]).exp_()  # p
                 inside = ((t >= v0) & (t < v1)).to(gz.dtype)  # p - onehot(target), without a host sync:
                 gz.scatter_add_(1, (t - v0).clamp_(0, v1 - v0 - 1)[:, None], inside.neg_()[:, None])
                 acc.add(gz.mul_(g_N[r0:r1, None]), r0, r1, v0, v1)

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hybridlab.errors import HybridlabError
+from hybridlab.train.losses import CE_CACHE_ELEMENTS
 
 GB = 1e9
 GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -402,6 +403,8 @@ def estimate_step(config: Any, *, micro_batch: int, seq_len: int, world_size: in
         head = s.vocab_size * s.hidden_size
         terms["logits"] = ((1 + sides) * chunk + (n * s.hidden_size + head) * (4 + (2 if cuda else 0))
                            + sides * n * s.hidden_size * cb)
+        if task == "lm" and n * s.vocab_size <= CE_CACHE_ELEMENTS:  # the CE keeps small logits for its backward
+            terms["logits"] += n * s.vocab_size * 4
     terms["cuda_context"] = (CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes) if cuda else 0
     return Estimate(terms, N, notes, formula="train")
 
