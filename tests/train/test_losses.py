@@ -29,6 +29,16 @@ def naive_kl(t_logits, s_logits, mask):
     return (kl_BT * m).sum() / m.sum()
 
 
+class _MatmulCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return func(*args, **(kwargs or {}))
+
+
 def _setup(B=2, T=7, D=5, V=23, seed=0, bias=True):
     g = torch.Generator().manual_seed(seed)
     mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()
@@ -86,6 +96,37 @@ def test_detached_teacher_gets_no_gradient_and_mask_none_means_all_tokens():
     ref = naive_kl(th.detach() @ tw.detach().T, sh @ sw.T, torch.ones(2, 7, dtype=torch.bool))
     (rg,) = torch.autograd.grad(ref, [sh])
     torch.testing.assert_close(g, rg)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+@pytest.mark.parametrize("chunk_tokens,vocab_chunk", [(3, None), (100, 23), (2, 5)])
+def test_frozen_teacher_kl_matches_naive_fp64_with_kept_or_recomputed_logits(chunk_tokens, vocab_chunk, kept,
+                                                                              monkeypatch):
+    """A frozen teacher with one vocabulary chunk keeps (p_t, log p_s) for the backward (under
+    KEPT_LOGITS_ELEMENTS); several vocabulary chunks, or a limit of 0, recompute. Same values either way."""
+    if not kept:
+        monkeypatch.setattr(losses, "KEPT_LOGITS_ELEMENTS", 0)
+    th, tw, tb, sh, sw, sb, mask = _setup()
+    teacher = Projected(th.detach(), tw.detach(), tb.detach(), 0.7)
+    kl = kl_forward_chunked(teacher, Projected(sh, sw, sb, 0.7), mask, chunk_tokens, vocab_chunk)
+    ref = naive_kl((th @ tw.T + tb).detach() * 0.7, (sh @ sw.T + sb) * 0.7, mask)
+    torch.testing.assert_close(kl, ref, rtol=1e-10, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(kl, [sh, sw, sb]), torch.autograd.grad(ref, [sh, sw, sb])):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("limit,backward_matmuls", [(None, 2 * 3), (0, 4 * 3)])
+def test_kl_backward_reuses_the_kept_probabilities(limit, backward_matmuls, monkeypatch):
+    """3 row chunks: kept, the backward runs the student's 2 products per chunk; recomputing, both heads too."""
+    if limit is not None:
+        monkeypatch.setattr(losses, "KEPT_LOGITS_ELEMENTS", limit)
+    th, tw, _, sh, sw, _, _ = _setup(bias=False)
+    kl = kl_forward_chunked(Projected(th.detach(), tw.detach()), Projected(sh, sw), None, chunk_tokens=5)
+    with _MatmulCount() as count:
+        first = torch.autograd.grad(kl, [sh, sw], retain_graph=True)
+    assert count.n == backward_matmuls
+    for a, b in zip(first, torch.autograd.grad(kl, [sh, sw])):  # the second backward recomputes
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 class _MaxNumel(TorchDispatchMode):
@@ -156,9 +197,9 @@ def test_masked_ce_and_answer_accuracy():
 @pytest.mark.parametrize("chunk_tokens,vocab_chunk", [(3, 5), (100, None), (1, 23)])
 def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens, vocab_chunk, kept_logits,
                                                                     monkeypatch):
-    """Both backward paths: the forward's logits kept (small) or recomputed (over CE_CACHE_ELEMENTS)."""
+    """Both backward paths: the forward's logits kept (small) or recomputed (over KEPT_LOGITS_ELEMENTS)."""
     if not kept_logits:
-        monkeypatch.setattr(losses, "CE_CACHE_ELEMENTS", 0)
+        monkeypatch.setattr(losses, "KEPT_LOGITS_ELEMENTS", 0)
     _, _, _, sh, sw, sb, mask = _setup()
     labels = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(3))
     labels[~mask] = -100
@@ -175,22 +216,12 @@ def test_chunked_ce_matches_cross_entropy_values_and_gradients_fp64(chunk_tokens
     torch.testing.assert_close(torch.autograd.grad(ce_l, logits)[0], torch.autograd.grad(ref_l, logits)[0])
 
 
-class _MatmulCount(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("limit,backward_matmuls", [(None, 2 * 4), (0, 3 * 4)])
 def test_ce_backward_reuses_the_kept_logits_and_a_second_backward_recomputes(limit, backward_matmuls, monkeypatch):
     """4 chunks of logits: with the logits kept the backward runs 2 products per chunk (d hidden, d weight),
     recomputing them 3; a retained graph's second backward finds nothing kept and gives the same gradients."""
     if limit is not None:
-        monkeypatch.setattr(losses, "CE_CACHE_ELEMENTS", limit)
+        monkeypatch.setattr(losses, "KEPT_LOGITS_ELEMENTS", limit)
     _, _, _, sh, sw, _, _ = _setup()
     labels = torch.randint(0, 23, (2, 7), generator=torch.Generator().manual_seed(3))
     ce = ce_chunked(Projected(sh, sw), labels, chunk_tokens=4)  # 14 tokens -> 4 row chunks

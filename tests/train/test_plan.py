@@ -29,9 +29,9 @@ def test_terms_by_hand():
     per_tok = (2 * 64 + 4 * 128 + 2 * 96) * 2 + (4 * 64 + 2 + 2 * 96 + 8 + 2) * 4
     assert t["_activations_full"] == 16 * (4 * per_tok + (2 * 128 + 2 * 64) * 2)
     assert t["activations"] == 4 * 16 * 64 * 2 + 16 * per_tok + 16 * (2 * 128 + 2 * 64) * 2
-    # two fp32 chunks (one row chunk of 16 x 512), fp32 grad accumulators + bf16 casts, the final hidden,
-    # and the 16 x 512 fp32 logits the CE keeps for its backward (under losses.CE_CACHE_ELEMENTS)
-    assert t["logits"] == 2 * 16 * 512 * 4 + (16 * 64 + 512 * 64) * 6 + 16 * 64 * 2 + 16 * 512 * 4
+    # the 16 x 512 fp32 logits the CE keeps for its backward (under losses.KEPT_LOGITS_ELEMENTS; otherwise two
+    # chunks of rows), fp32 grad accumulators + bf16 casts, the final hidden
+    assert t["logits"] == 16 * 512 * 4 + (16 * 64 + 512 * 64) * 6 + 16 * 64 * 2
     assert est.total == (t["parameters"] + t["optimizer"] + t["teacher"]
                          + max(t["activations"] + t["logits"], t["gradients"] + t["optimizer_step"]))
 

@@ -14,9 +14,10 @@ whose logits `(hidden @ weight.T + bias) * scale` are produced chunk by chunk (`
 such as Granite's `1 / logits_scaling`). Projected sides never materialise `[B, T, V]`: custom
 autograd Functions walk `chunk_tokens` rows at a time and, optionally, `vocab_chunk` columns at a
 time with an online logsumexp, recomputing the logits in the backward, so peak extra memory is
-O(chunk_tokens * vocab_chunk) (the CE keeps them instead when they are small: `CE_CACHE_ELEMENTS`). Tokens outside the mask (or with ignored labels) are dropped before
-projecting. Gradients flow to every input that requires them: d KL/dz_s = p_s - p_t,
-d KL/dz_t = p_t (log p_t - log p_s - KL), d CE/dz = p - onehot(label), times the token weight.
+O(chunk_tokens * vocab_chunk) (small logits are kept instead: `KEPT_LOGITS_ELEMENTS`). Tokens
+outside the mask (or with ignored labels) are dropped before projecting. Gradients flow to every
+input that requires them: d KL/dz_s = p_s - p_t, d KL/dz_t = p_t (log p_t - log p_s - KL),
+d CE/dz = p - onehot(label), times the token weight.
 
 Precision. The logits' compute dtype is decided once, at forward time: the autocast dtype when
 autocast is on for the inputs' device and the inputs are fp16/bf16/fp32 (what the model's own head
@@ -281,6 +282,14 @@ class _GradAcc:
         return [g.to(t.dtype) if g is not None else None for g, t in zip(self.grads, self.ts)]
 
 
+# A loss over projected sides keeps what its backward needs from the forward's logits, instead of
+# recomputing the head GEMMs, when that is at most this many elements (64 MiB in fp32): the CE its logits
+# (N x V), the KL with a frozen teacher p_t and log p_s (2 x N x V, one vocabulary chunk only). At the
+# small presets' shapes on a CPU the recomputed heads are a quarter of the loss's GEMM work; paper-size
+# vocabularies x tokens are over the limit and recompute.
+KEPT_LOGITS_ELEMENTS = 1 << 24
+
+
 # ---- KL --------------------------------------------------------------------------------------------
 def _kl_rows(z_t: Tensor, z_s: Tensor, lse_t: Tensor, lse_s: Tensor) -> Tensor:
     """Per-row sum over these columns of p_t (log p_t - log p_s); overwrites both logit chunks."""
@@ -289,8 +298,10 @@ def _kl_rows(z_t: Tensor, z_s: Tensor, lse_t: Tensor, lse_s: Tensor) -> Tensor:
     return logp_t.exp_().mul_(diff).sum(-1)
 
 
-def _kl_pass(t: _Logits, s: _Logits, chunk_tokens: int, vc: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(KL per row, lse_t per row, lse_s per row), all in the reduction dtype."""
+def _kl_pass(t: _Logits, s: _Logits, chunk_tokens: int, vc: int,
+             keep: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(KL per row, lse_t per row, lse_s per row), all in the reduction dtype. With `keep` (one vocabulary
+    chunk), each row chunk's ``(p_t, log p_s)`` is stored there under r0 for the backward."""
     N, V = (t.z if t.spec[0] == "logits" else t.h).shape[0], t.V
     acc = torch.promote_types(t.acc, s.acc)
     lse_t_N, lse_s_N = (torch.empty(N, device=t.device, dtype=acc) for _ in range(2))
@@ -300,7 +311,13 @@ def _kl_pass(t: _Logits, s: _Logits, chunk_tokens: int, vc: int) -> tuple[Tensor
         if vc >= V:  # one vocabulary chunk: each side's logits are computed once
             z_t, z_s = t(r0, r1, 0, V).to(acc), s(r0, r1, 0, V).to(acc)
             lt, ls = torch.logsumexp(z_t, -1), torch.logsumexp(z_s, -1)
-            kl_N[r0:r1] = _kl_rows(z_t, z_s, lt, ls)
+            if keep is None:
+                kl_N[r0:r1] = _kl_rows(z_t, z_s, lt, ls)
+            else:
+                logp_t, logp_s = z_t.sub_(lt[:, None]), z_s.sub_(ls[:, None])
+                p_t = logp_t.exp()
+                kl_N[r0:r1] = logp_t.sub_(logp_s).mul_(p_t).sum(-1)
+                keep[r0] = (p_t, logp_s)
         else:
             lt, ls = t.lse(r0, r1, vc).to(acc), s.lse(r0, r1, vc).to(acc)
             for v0 in range(0, V, vc):
@@ -315,7 +332,11 @@ class _ChunkedKL(torch.autograd.Function):
     def forward(ctx, weight_N, chunk_tokens, vocab_chunk, t_spec, s_spec, *tensors):
         nt = _n_tensors(t_spec)
         t, s = _Logits(t_spec, tensors[:nt]), _Logits(s_spec, tensors[nt:])
-        kl_N, lse_t_N, lse_s_N = _kl_pass(t, s, chunk_tokens, vocab_chunk)
+        N = (t.z if t.spec[0] == "logits" else t.h).shape[0]
+        keep = (vocab_chunk >= t.V and not any(ctx.needs_input_grad[5:5 + nt]) and s_spec[0] != "logits"
+                and 2 * N * t.V <= KEPT_LOGITS_ELEMENTS)
+        ctx.kept = {} if keep else None  # popped by the backward (a second backward recomputes)
+        kl_N, lse_t_N, lse_s_N = _kl_pass(t, s, chunk_tokens, vocab_chunk, ctx.kept)
         w_N = weight_N.to(t.device, kl_N.dtype)
         ctx.save_for_backward(w_N, lse_t_N, lse_s_N, kl_N, *tensors)
         ctx.meta = (chunk_tokens, vocab_chunk, t_spec, s_spec, nt)
@@ -335,6 +356,11 @@ class _ChunkedKL(torch.autograd.Function):
         for r0 in range(0, N, chunk_tokens):
             r1 = min(r0 + chunk_tokens, N)
             g = g_N[r0:r1, None]
+            kept = ctx.kept.pop(r0, None) if ctx.kept else None
+            if kept is not None:  # frozen teacher, one vocabulary chunk: d/dz_s = p_s - p_t
+                p_t, logp_s = kept
+                s_acc.add(logp_s.exp_().sub_(p_t).mul_(g), r0, r1, 0, V)
+                continue
             for v0 in range(0, V, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, V)
                 logp_t = t(r0, r1, v0, v1).to(acc).sub_(lse_t_N[r0:r1, None])
@@ -353,12 +379,6 @@ def _target_logit(z: Tensor, t_N: Tensor, v0: int, v1: int, prev: Tensor | None)
     inside = (t_N >= v0) & (t_N < v1)
     picked = z.gather(1, (t_N - v0).clamp_(0, v1 - v0 - 1)[:, None]).squeeze(1)
     return torch.where(inside, picked, 0.0 if prev is None else prev)
-
-
-# A CE forward over a projected side keeps its logits for the backward, instead of recomputing them,
-# when there are at most this many (64 MiB in fp32): at the small presets' shapes on a CPU the recomputed
-# head GEMM is a quarter of the loss's GEMM work. Larger (paper-size vocabularies x tokens) recompute.
-CE_CACHE_ELEMENTS = 1 << 24
 
 
 def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int,
@@ -387,7 +407,7 @@ class _ChunkedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight_N, labels_N, chunk_tokens, vocab_chunk, spec, *tensors):
         side = _Logits(spec, tensors)
-        keep = spec[0] != "logits" and labels_N.shape[0] * side.V <= CE_CACHE_ELEMENTS
+        keep = spec[0] != "logits" and labels_N.shape[0] * side.V <= KEPT_LOGITS_ELEMENTS
         ctx.cache = {} if keep else None  # popped by the backward (a second backward recomputes)
         nll_N, lse_N = _ce_pass(side, labels_N, chunk_tokens, vocab_chunk, ctx.cache)
         w_N = weight_N.to(side.device, nll_N.dtype)

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hybridlab.errors import HybridlabError
-from hybridlab.train.losses import CE_CACHE_ELEMENTS
+from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
 
 GB = 1e9
 GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -401,10 +401,15 @@ def estimate_step(config: Any, *, micro_batch: int, seq_len: int, world_size: in
         chunk = min(chunk_tokens, n) * min(vocab_chunk or s.vocab_size, s.vocab_size) * 4
         sides = 2 if task == "stage2" else 1
         head = s.vocab_size * s.hidden_size
-        terms["logits"] = ((1 + sides) * chunk + (n * s.hidden_size + head) * (4 + (2 if cuda else 0))
+        # small logits are kept for the backward instead of recomputed chunk by chunk (losses.KEPT_LOGITS_ELEMENTS):
+        # the CE's logits, the KL's p_t and log p_s; the backward then works in place on them
+        kept = n * s.vocab_size * (2 if task == "stage2" else 1)
+        if kept <= KEPT_LOGITS_ELEMENTS and (task == "lm" or (vocab_chunk or s.vocab_size) >= s.vocab_size):
+            chunks = kept * 4
+        else:
+            chunks = (1 + sides) * chunk
+        terms["logits"] = (chunks + (n * s.hidden_size + head) * (4 + (2 if cuda else 0))
                            + sides * n * s.hidden_size * cb)
-        if task == "lm" and n * s.vocab_size <= CE_CACHE_ELEMENTS:  # the CE keeps small logits for its backward
-            terms["logits"] += n * s.vocab_size * 4
     terms["cuda_context"] = (CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes) if cuda else 0
     return Estimate(terms, N, notes, formula="train")
 
