@@ -382,9 +382,9 @@ def _target_logit(z: Tensor, t_N: Tensor, v0: int, v1: int, prev: Tensor | None)
 
 
 def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int,
-             cache: dict | None = None) -> tuple[Tensor, Tensor]:
+             keep: dict | None = None) -> tuple[Tensor, Tensor]:
     """(-log p(target) per row, lse per row) in the reduction dtype; one pass (online logsumexp).
-    With `cache`, each logits chunk is stored there under (r0, v0) for the backward."""
+    With `keep`, each logits chunk is stored there under (r0, v0) for the backward."""
     N, V = t_N.shape[0], side.V
     t_N = t_N.to(side.device)
     nll_N, lse_N = (torch.empty(N, device=side.device, dtype=side.acc) for _ in range(2))
@@ -397,8 +397,8 @@ def _ce_pass(side: _Logits, t_N: Tensor, chunk_tokens: int, vc: int,
             chunk = torch.logsumexp(z, -1)
             lse = chunk if lse is None else torch.logaddexp(lse, chunk)
             tgt = _target_logit(z, t_N[r0:r1], v0, v1, tgt)
-            if cache is not None:
-                cache[r0, v0] = z
+            if keep is not None:
+                keep[r0, v0] = z
         nll_N[r0:r1], lse_N[r0:r1] = lse - tgt, lse
     return nll_N, lse_N
 
@@ -408,8 +408,8 @@ class _ChunkedCE(torch.autograd.Function):
     def forward(ctx, weight_N, labels_N, chunk_tokens, vocab_chunk, spec, *tensors):
         side = _Logits(spec, tensors)
         keep = spec[0] != "logits" and labels_N.shape[0] * side.V <= KEPT_LOGITS_ELEMENTS
-        ctx.cache = {} if keep else None  # popped by the backward (a second backward recomputes)
-        nll_N, lse_N = _ce_pass(side, labels_N, chunk_tokens, vocab_chunk, ctx.cache)
+        ctx.kept = {} if keep else None  # popped by the backward (a second backward recomputes)
+        nll_N, lse_N = _ce_pass(side, labels_N, chunk_tokens, vocab_chunk, ctx.kept)
         w_N = weight_N.to(side.device, nll_N.dtype)
         ctx.save_for_backward(w_N, labels_N.to(side.device), lse_N, *tensors)
         ctx.meta = (chunk_tokens, vocab_chunk, spec)
@@ -428,7 +428,7 @@ class _ChunkedCE(torch.autograd.Function):
             t = labels_N[r0:r1]
             for v0 in range(0, V, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, V)
-                z = ctx.cache.pop((r0, v0), None) if ctx.cache else None
+                z = ctx.kept.pop((r0, v0), None) if ctx.kept else None
                 gz = (side(r0, r1, v0, v1) if z is None else z).sub_(lse_N[r0:r1, None]).exp_()  # p
                 inside = ((t >= v0) & (t < v1)).to(gz.dtype)  # p - onehot(target), without a host sync:
                 gz.scatter_add_(1, (t - v0).clamp_(0, v1 - v0 - 1)[:, None], inside.neg_()[:, None])

@@ -403,7 +403,7 @@ def estimate_step(config: Any, *, micro_batch: int, seq_len: int, world_size: in
         head = s.vocab_size * s.hidden_size
         # small logits are kept for the backward instead of recomputed chunk by chunk (losses.KEPT_LOGITS_ELEMENTS):
         # the CE's logits, the KL's p_t and log p_s; the backward then works in place on them
-        kept = n * s.vocab_size * (2 if task == "stage2" else 1)
+        kept = n * s.vocab_size * sides
         if kept <= KEPT_LOGITS_ELEMENTS and (task == "lm" or (vocab_chunk or s.vocab_size) >= s.vocab_size):
             chunks = kept * 4
         else:

@@ -471,8 +471,9 @@ def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
         S_all[0].zero_()
     else:
         S_all[0].copy_(h0)
+    gam = b.exp()
     if beta is not None:
-        Kbg = b.exp().mul_(betac).mul_(kc)
+        Kbg = (gam * betac).mul_(kc)
         Vn = vc * betac  # V_b, then V_new = T X with X = V_b - K_bg S, chunk by chunk in place
         X = ws.get("X", Vn.shape[1:], Vn)
         for n in range(N):
@@ -483,7 +484,7 @@ def _pc_forward(q, k, v, g, beta, h0, scale: float, C: int, save: bool):
         Vn = vc
         for n in range(N):
             torch.mul(S_all[n], decay[n], out=S_all[n + 1]).baddbmm_(Kd[n].mT, Vn[n])
-    Qg = b.exp().mul_(qc)
+    Qg = gam.mul_(qc)
     O = _bmm(P, Vn)
     _addmm_(O, Qg, S_all[:N])
     o = from_chunks(O, B, H, T)
@@ -513,7 +514,8 @@ def _pc_backward(dO, dhT, saved, scale: float, shape: tuple[int, int, int]):
     e_d = torch.sub(b_last, b).exp_()
     Kd = e_d * kc
     Qg = gam * qc
-    Kbg = (gam * betac).mul_(kc) if delta else None
+    gb = gam * betac if delta else None
+    Kbg = gb * kc if delta else None
     # reverse scan: dS_all[n] = gradient of the state entering chunk n
     dS_all = torch.empty_like(S_all)
     if dhT is None:
@@ -561,7 +563,7 @@ def _pc_backward(dO, dhT, saved, scale: float, shape: tuple[int, int, int]):
             acc.append(x.view(-1, Z, C, K))
     dq_s, dk_s, db_s = (acc[0] if len(acc) == 1 else torch.cat(acc) for acc in parts)
     if delta:
-        dk_s.addcmul_(ndKbg, gam * betac, value=-1.0)
+        dk_s.addcmul_(ndKbg, gb, value=-1.0)
         dbeta -= torch.linalg.vecdot(ndKbg, gam * kc)
         db_s.addcmul_(ndKbg, Kbg, value=-1.0)
         dbeta = from_chunks(dbeta[..., None], B, H, T)[..., 0]
