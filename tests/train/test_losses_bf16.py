@@ -4,13 +4,25 @@ autograd of the unchunked loss on the same bf16 logits, at small and large KL, f
 The reference computes `logits = F.linear(h, W, b)` under autocast (bf16, like the model's own head),
 then `.float()` log-softmax / cross-entropy, and differentiates it with autograd. The loss's backward
 runs outside autocast, as in `hybridlab.train.loop`.
+
+Every test runs twice: with these small logits kept for the backward (the small presets' path) and with
+`KEPT_LOGITS_ELEMENTS` at 0, so the backward recomputes them (the path of paper-size vocabularies, which the
+rehearsal's small vocabularies do not reach).
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from hybridlab.train import losses
 from hybridlab.train.losses import Projected, ce_chunked, kl_forward_chunked, token_kl_chunked, token_nll_chunked
+
+
+@pytest.fixture(autouse=True, params=["kept", "recomputed"])
+def logits_path(request, monkeypatch):
+    if request.param == "recomputed":
+        monkeypatch.setattr(losses, "KEPT_LOGITS_ELEMENTS", 0)
+    return request.param
 
 N, D, V = 48, 64, 1024
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
