@@ -18,8 +18,9 @@ large `copy`/`elementwise` share with many allocations often is memory traffic, 
 Workloads: `gdn`, `kda`, `gla` (forward + backward at benchmarks/mixers.py's shapes) and `softcka`
 (the exact path of benchmarks/softcka.py on random hidden states of the tiny teacher's shape, so no
 built model is needed: `--softcka-tokens` tokens per side in sentences of 20 tokens, D = 256) and `teacher`
-(one optimiser update of the tiny teacher as benchmarks/train_throughput.py builds it: forward, chunked
-cross-entropy, backward, AdamW, on one micro-batch of random token ids).
+(one optimiser update of the tiny teacher as benchmarks/train_throughput.py builds it, with the RMSNorms fused as
+the training engine fuses them on CPU: forward, chunked cross-entropy, backward, AdamW, on one micro-batch of
+random token ids).
 The last printed line is one JSON object (shares per workload and the machine description).
 
     python benchmarks/profile_ops.py [--workloads gdn kda gla softcka teacher] [--threads 2] [--reps 3] [--top 8]
@@ -111,9 +112,11 @@ def softcka_workload(tokens: int, dim: int = 256, sentence_len: int = 20):
 def teacher_workload():
     import train_throughput
     from hybridlab.config import load, resolve
+    from hybridlab.models.fused import fuse_rms_norms
 
     C = resolve(load(train_throughput.ROOT / "config.yaml", {"scale": "tiny"}))
     setup = train_throughput.setup_teacher(C)
+    fuse_rms_norms(setup.model)  # as the training engine does on CPU (train.fsdp.Engine)
     batch = setup.dataset[: setup.run["micro_batch_size"]]
     opt = torch.optim.AdamW(setup.model.parameters(), lr=setup.run["lr"])
 
