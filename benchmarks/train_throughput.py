@@ -44,6 +44,10 @@ FLOPs counted (2 per multiply-add; "useful" work only, nothing the implementatio
   FLOPs are summed over the real lengths; its tokens are the non-padding tokens.
 
 Targets (issue #4): teacher step >= 35 % and hybrid student step >= 25 % of the matmul throughput.
+Why a target is met or missed on this CPU (issue #16): after the table, each of these two steps' `nn.Linear`
+GEMMs are timed alone at the step's own shapes (`linear_gemm_time`): their rate against the reference, the
+part of the update they take at that rate, and, for a missed target, how much faster the rest of the update
+(attention, mixers, element-wise work, optimiser, overhead) would have to be.
 The last printed line is one JSON object with every figure.
 
     python benchmarks/train_throughput.py [--steps 5] [--warmup 2] [--threads 2] [--scale tiny]
@@ -137,6 +141,8 @@ class Setup:
     batch_flops: Callable[[Any], float]
     describe: str
     loop_kwargs: dict[str, Any] = field(default_factory=dict)
+    # (model, trained) pairs whose nn.Linear products the step runs (trained: forward + both backward GEMMs)
+    gemm_parts: list[tuple[nn.Module, bool]] = field(default_factory=list)
 
 
 def build_teacher(C: dict, seed: int) -> nn.Module:
@@ -164,7 +170,8 @@ def setup_teacher(C: dict) -> Setup:
     counter = FlopCounter.of(model)
     rows = random_rows(C, 4 * run["micro_batch_size"], C["seed"])
     return Setup(model, CausalLMTask(), rows, run, lambda b: counter.train([b.shape[1]] * b.shape[0]),
-                 f"dense Qwen3, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+                 f"dense Qwen3, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters",
+                 gemm_parts=[(model, True)])
 
 
 def setup_student(C: dict) -> Setup:
@@ -190,7 +197,7 @@ def setup_student(C: dict) -> Setup:
     rows = random_rows(C, 4 * run["micro_batch_size"], C["seed"])
     return Setup(student, task, rows, run, batch_flops,
                  f"{STUDENT_PLACEMENT}-{STUDENT_MIXER}, FA layers {fa}, stage 2 with the frozen teacher",
-                 {"grad_norm_groups": distill.grad_norm_groups()})
+                 {"grad_norm_groups": distill.grad_norm_groups()}, gemm_parts=[(student, True), (teacher, False)])
 
 
 def setup_spaced_retrieval(C: dict) -> Setup:
@@ -274,6 +281,41 @@ def run_benchmark(setup: Setup, steps: int, warmup: int) -> dict[str, float]:
     }
 
 
+def linear_gemm_time(parts: Sequence[tuple[nn.Module, bool]], tokens: int, reps: int = 5,
+                     clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """(seconds, GFLOP/s) of one micro-batch's `nn.Linear` products run alone, each at its own shape with
+    `tokens` rows.
+
+    Per Linear (in K, out N): the forward `linear(x[tokens, K], W[N, K])` and, where the model is trained,
+    the backward's `dY @ W` and `dY^T @ X`; each timed on its own (best of `reps`) and weighted by how
+    many Linears have that shape. This is what the CPU's GEMMs give at the model's sizes (K = 128 or 384
+    at tiny), against the square 1024/2048 GEMMs of the MFU reference: a machine whose small-K GEMMs are
+    far slower than its big ones cannot reach a high MFU whatever the rest of the step costs.
+    """
+    shapes: dict[tuple[int, int, bool], int] = {}
+    for model, trained in parts:
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                key = (m.in_features, m.out_features, trained)
+                shapes[key] = shapes.get(key, 0) + 1
+    flops = seconds = 0.0
+    for (k, n, trained), count in shapes.items():
+        x, w, gy = torch.randn(tokens, k), torch.randn(n, k), torch.randn(tokens, n)
+        products = [lambda: torch.nn.functional.linear(x, w)]
+        if trained:
+            products += [lambda: gy @ w, lambda: gy.t() @ x]
+        for product in products:
+            product()  # warm-up
+            best = math.inf
+            for _ in range(reps):
+                start = clock()
+                product()
+                best = min(best, clock() - start)
+            flops += count * 2 * tokens * k * n
+            seconds += count * best
+    return seconds, flops / seconds / 1e9
+
+
 # ---- command line ------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -299,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         setup = SETUPS[name](C)
         print(f"  {name}: {setup.describe}")
         results[name] = run_benchmark(setup, args.steps, args.warmup)
+        if setup.gemm_parts:
+            tokens = setup.run["micro_batch_size"] * C["data"]["seq_len"]
+            seconds, gflops = linear_gemm_time(setup.gemm_parts, tokens)
+            results[name]["linear_gemm_gflops"] = gflops
+            results[name]["linear_gemm_s"] = seconds * setup.run.get("grad_accum", 1)
         del setup
     after = measure_matmul_gflops()
     matmul_by_size = {n: max(matmul[n], after[n]) for n in matmul}
@@ -318,6 +365,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{r['gflop_per_step']:10.2f} {r['gflops']:8.1f} {100 * r['mfu']:5.1f}% "
               + (f"{100 * target:6.0f}%  {'yes' if r['mfu'] >= target else 'NO'}" if target is not None else
                  f"{'-':>7s}  -"))
+    for name, r in results.items():
+        if "linear_gemm_gflops" not in r:
+            continue
+        r["linear_gemm_share"] = r["linear_gemm_gflops"] / peak
+        rest = r["step_s"] - r["linear_gemm_s"]
+        line = (f"  {name}: its Linear GEMMs, run alone at the step's own shapes, reach {r['linear_gemm_gflops']:.1f} "
+                f"GFLOP/s = {100 * r['linear_gemm_share']:.0f}% of the reference and take {r['linear_gemm_s']:.3f} s "
+                f"of the {r['step_s']:.3f} s update; the other {rest:.3f} s is attention, mixers, element-wise work, "
+                "the optimiser and overhead")
+        target = TARGETS.get(name)
+        if target is not None and r["mfu"] < target:
+            needed = r["gflop_per_step"] / (target * peak)
+            line += (f". Target {100 * target:.0f}% missed: it needs an update of {needed:.3f} s, i.e. the other part "
+                     f"{100 * (1 - (needed - r['linear_gemm_s']) / rest):.0f}% faster at these GEMM rates "
+                     "(where the time goes: benchmarks/profile_ops.py)")
+        print(line)
     report = {"scale": args.scale, "threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup,
               "matmul_gflops": peak, "matmul_gflops_by_size": {str(n): g for n, g in matmul_by_size.items()},
               "benchmarks": results, "targets_met": met, "machine": machine}

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from train_throughput import FlopCounter, parse_args  # noqa: E402
+from train_throughput import FlopCounter, linear_gemm_time, parse_args  # noqa: E402
 
 from hybridlab.models.convert import convert_to_hybrid  # noqa: E402
 
@@ -73,6 +73,26 @@ def test_count_matches_executed_matmuls_of_a_training_step(mixer):
     with MatmulFlops() as mode, torch.no_grad():
         model(input_ids=ids)
     assert counter.forward([20] * 3) == pytest.approx(mode.flops + attention / 3, rel=1e-12)
+
+
+def test_linear_gemm_time_times_each_linear_shape_of_a_step_and_counts_every_linear():
+    """The GEMM-rate check of the report: it runs each distinct Linear shape's products (forward and both
+    backward GEMMs where trained, the forward only for the frozen teacher) once per rep, and its time and
+    rate cover every Linear of the step (shape time x how many Linears have that shape)."""
+    student, teacher = _toy(2), _toy(1)
+    linears = [(m, trained) for model, trained in ((student, True), (teacher, False))
+               for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes = {(m.in_features, m.out_features, trained) for m, trained in linears}
+    tokens, reps = 24, 3
+    ticks = iter(range(10**6))  # a clock that advances 1 s per reading: every timed product takes 1 s
+    with MatmulFlops() as mode:
+        seconds, gflops = linear_gemm_time([(student, True), (teacher, False)], tokens, reps=reps,
+                                           clock=lambda: float(next(ticks)))
+    per_shape = sum((6 if trained else 2) * k * n * tokens for k, n, trained in shapes)
+    assert mode.flops == (1 + reps) * per_shape  # one warm-up and `reps` timed runs of each shape's products
+    work = sum((6 if trained else 2) * m.weight.numel() * tokens for m, trained in linears)
+    assert seconds == sum(3 if trained else 1 for _, trained in linears)  # 1 s per product of every Linear
+    assert work > per_shape and gflops * 1e9 * seconds == pytest.approx(work, rel=1e-9)
 
 
 def test_bad_arguments_are_rejected(capsys):
