@@ -23,8 +23,10 @@ development machine single runs of the GDN comparison ranged 3.7-4.8x while the 
 processes on the machine distort the ratios (every op is an OpenMP barrier that waits for a
 descheduled thread), so compare on an otherwise idle machine. It also measures this machine's fp32 matmul
 throughput and reports, for each ``hybridlab`` op, the achieved fraction of it from an analytic count
-of the op's matmul FLOPs (triangular inverses and element-wise work not counted). The last printed
-line is one JSON object with every time and ratio.
+of the op's matmul FLOPs (triangular inverses and element-wise work not counted), and why a share target
+is met or missed: the rate of the ops' own products at their tile shapes (`tile_gemm_gflops`), which bounds
+the share from above, and the part of the op's time those products would need to take to meet the target.
+The last printed line is one JSON object with every time and ratio.
 
     python benchmarks/mixers.py [--reps 9] [--ops gdn kda gla]
 """
@@ -85,6 +87,28 @@ def make_inputs(per_channel_g: bool, seed: int = 0) -> dict[str, torch.Tensor]:
 def matmul_flops(kind: str, C: int = C) -> tuple[float, float]:
     """Analytic matmul FLOPs (forward, forward+backward) of the hybridlab chunked op at these shapes."""
     return chunked_op_matmul_flops(kind, B * H * T // C, K, V, C)
+
+
+def tile_gemm_gflops(chunk: int, reps: int = 5) -> float:
+    """GFLOP/s of the chunked ops' matrix products at their tile shapes, batched over all B*H*T/chunk tiles:
+    one each of [chunk, K] @ [K, chunk] (scores), [chunk, chunk] @ [chunk, V] (scores times values) and
+    [K, chunk] @ [chunk, V] (state updates), each timed alone (best of `reps`), total FLOPs over total time.
+    This is what this CPU's GEMMs give at the ops' sizes; an op that did nothing but these products, all
+    batched, would reach this rate, so it bounds the op's share of the matmul reference from above."""
+    n = B * H * T // chunk
+    shapes = [((n, chunk, K), (n, K, chunk)), ((n, chunk, chunk), (n, chunk, V)), ((n, K, chunk), (n, chunk, V))]
+    flops = seconds = 0.0
+    for a_shape, b_shape in shapes:
+        a, b = torch.randn(a_shape), torch.randn(b_shape)
+        out = torch.bmm(a, b)  # warm-up, and the output buffer reused below
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.bmm(a, b, out=out)
+            best = min(best, time.perf_counter() - start)
+        flops += 2 * a.numel() * b_shape[-1]
+        seconds += best
+    return flops / seconds / 1e9
 
 
 def contenders(kind: str, gdn_chunk: int):
@@ -182,6 +206,19 @@ def main() -> None:
         print(f"  hybridlab achieved {res['hybridlab_fwd_gflops']:.1f} / {res['hybridlab_fwdbwd_gflops']:.1f} "
               f"GFLOP/s (fwd / fwd+bwd) = {100 * res['hybridlab_fwd_fraction_of_matmul_peak']:.0f}% / "
               f"{100 * res['hybridlab_fwdbwd_fraction_of_matmul_peak']:.0f}% of matmul throughput")
+        tile = args.gdn_chunk if kind == "gdn" else C
+        res["tile_gemm_gflops"] = tile_gemm_gflops(tile)
+        res["tile_gemm_fraction_of_matmul_peak"] = res["tile_gemm_gflops"] / peak
+        line = (f"  its products at their tile shapes (chunk {tile}), batched over all tiles and timed alone: "
+                f"{res['tile_gemm_gflops']:.1f} GFLOP/s = {100 * res['tile_gemm_fraction_of_matmul_peak']:.0f}% of "
+                f"matmul throughput; the op runs at {100 * res['hybridlab_fwdbwd_gflops'] / res['tile_gemm_gflops']:.0f}%"
+                " of that rate")
+        share = SHARE_TARGETS.get(kind)
+        if share is not None and res["hybridlab_fwdbwd_fraction_of_matmul_peak"] < share:
+            line += (f". Target {100 * share:.0f}% missed: the op would have to spend "
+                     f"{100 * share / res['tile_gemm_fraction_of_matmul_peak']:.0f}% of its time in these products "
+                     "(the rest is element-wise passes, layout copies and the chunk scan: benchmarks/profile_ops.py)")
+        print(line)
     met = {}
     for (kind, other), target in TARGETS.items():
         if kind in report:
