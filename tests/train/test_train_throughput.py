@@ -84,14 +84,23 @@ def test_linear_gemm_time_times_each_linear_shape_of_a_step_and_counts_every_lin
                for m in model.modules() if isinstance(m, torch.nn.Linear)]
     shapes = {(m.in_features, m.out_features, trained) for m, trained in linears}
     tokens, reps = 24, 3
-    ticks = iter(range(10**6))  # a clock that advances 1 s per reading: every timed product takes 1 s
+    def readings():  # start/stop pairs: each product's three timed runs take 3 s, 1 s and 2 s; the best is 1 s
+        now = 0.0
+        while True:
+            for duration in (3.0, 1.0, 2.0):
+                yield now
+                now += duration
+                yield now
+                now += 10.0
+
+    clock = readings()
     with MatmulFlops() as mode:
         seconds, gflops = linear_gemm_time([(student, True), (teacher, False)], tokens, reps=reps,
-                                           clock=lambda: float(next(ticks)))
+                                           clock=lambda: next(clock))
     per_shape = sum((6 if trained else 2) * k * n * tokens for k, n, trained in shapes)
     assert mode.flops == (1 + reps) * per_shape  # one warm-up and `reps` timed runs of each shape's products
     work = sum((6 if trained else 2) * m.weight.numel() * tokens for m, trained in linears)
-    assert seconds == sum(3 if trained else 1 for _, trained in linears)  # 1 s per product of every Linear
+    assert seconds == sum(3 if trained else 1 for _, trained in linears)  # best 1 s per product of every Linear
     assert work > per_shape and gflops * 1e9 * seconds == pytest.approx(work, rel=1e-9)
 
 
