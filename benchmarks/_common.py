@@ -51,22 +51,39 @@ def measure_matmul_gflops(sizes: tuple[int, ...] = (1024, 2048), reps: int = 5) 
     return out
 
 
-def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> tuple[float, float]:
-    """(forward, forward + backward) matmul FLOPs of the chunked `kind` op over `chunks` tiles of C tokens."""
+def tile_matmul_flops(kind: str, K: int, V: int, C: int) -> dict[str, tuple[int, int]]:
+    """(forward, forward + backward) matmul FLOPs of one C-token tile of the chunked `kind` op, by product shape:
+    `scores` ([C, K] @ [K, C]; KDA/GLA's sub-chunk products counted here too), `values` ([C, C] @ [C, V]) and
+    `state` ([C, K] @ [K, V] and [K, C] @ [C, V]). GDN's hand-written backward has its own counts; KDA's and
+    GLA's are 2 x their forward."""
     if kind not in RECURRENT_KINDS:
         raise ValueError(f"unknown recurrent op {kind!r}; use one of {RECURRENT_KINDS}")
     c = sub_chunk_size(C)
     if kind == "gdn":
-        fwd = 2 * (2 * C * C * K + 2 * C * C * V + 3 * C * K * V)
-        bwd = 2 * (3 * C * C * K + 4 * C * C * V + 6 * C * K * V)
-        return chunks * fwd, chunks * (fwd + bwd)
+        return {"scores": (2 * 2 * C * C * K, 2 * 5 * C * C * K), "values": (2 * 2 * C * C * V, 2 * 6 * C * C * V),
+                "state": (2 * 3 * C * K * V, 2 * 9 * C * K * V)}
     if kind == "kda":
-        scores = 2 * (2 * C * C * K + 2 * c * C * K)
-        fwd = scores + 2 * (2 * C * C * V + 3 * C * K * V)
+        fwd = {"scores": 2 * (2 * C * C * K + 2 * c * C * K), "values": 2 * 2 * C * C * V, "state": 2 * 3 * C * K * V}
     else:
-        scores = 2 * (C * C * K + c * C * K)
-        fwd = scores + 2 * (C * C * V + 2 * C * K * V)
-    return chunks * fwd, chunks * 3 * fwd
+        fwd = {"scores": 2 * (C * C * K + c * C * K), "values": 2 * C * C * V, "state": 2 * 2 * C * K * V}
+    return {name: (f, 3 * f) for name, f in fwd.items()}
+
+
+def chunked_op_matmul_flops(kind: str, chunks: int, K: int, V: int, C: int) -> tuple[float, float]:
+    """(forward, forward + backward) matmul FLOPs of the chunked `kind` op over `chunks` tiles of C tokens."""
+    tile = tile_matmul_flops(kind, K, V, C).values()
+    return chunks * sum(f for f, _ in tile), chunks * sum(fb for _, fb in tile)
+
+
+def best_seconds(fn, reps: int = 5, clock=time.perf_counter) -> float:
+    """The shortest of `reps` timed calls of `fn`, after one untimed warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = clock()
+        fn()
+        best = min(best, clock() - start)
+    return best
 
 
 def int_at_least(minimum: int):

@@ -44,7 +44,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops, sub_chunk_size
+from _common import best_seconds, chunked_op_matmul_flops, int_at_least, measure_matmul_gflops, tile_matmul_flops
 from _machine import describe, describe_line
 from hybridlab.models import ops
 
@@ -90,28 +90,11 @@ def matmul_flops(kind: str, C: int = C) -> tuple[float, float]:
     return chunked_op_matmul_flops(kind, B * H * T // C, K, V, C)
 
 
-def product_families(kind: str, chunk: int) -> dict[str, float]:
-    """fwd+bwd matmul FLOPs of one tile of the `kind` op by product shape: `scores` ([C, K] @ [K, C]; KDA/GLA's
-    sub-chunk products counted here too), `values` ([C, C] @ [C, V]), `state` ([C, K] @ [K, V] and
-    [K, C] @ [C, V]). They add up to `chunked_op_matmul_flops` of one tile."""
-    C, c = chunk, sub_chunk_size(chunk)
-    if kind == "gdn":
-        fam = {"scores": 2 * 5 * C * C * K, "values": 2 * 6 * C * C * V, "state": 2 * 9 * C * K * V}
-    elif kind == "kda":
-        fam = {"scores": 3 * 2 * (2 * C * C * K + 2 * c * C * K), "values": 3 * 2 * 2 * C * C * V,
-               "state": 3 * 2 * 3 * C * K * V}
-    else:
-        fam = {"scores": 3 * 2 * (C * C * K + c * C * K), "values": 3 * 2 * C * C * V, "state": 3 * 2 * 2 * C * K * V}
-    total = chunked_op_matmul_flops(kind, 1, K, V, C)[1]
-    assert abs(sum(fam.values()) - total) <= 1e-9 * total, (kind, fam, total)
-    return fam
-
-
 def tile_gemm_gflops(kind: str, chunk: int, reps: int = 5) -> float:
     """Estimated GFLOP/s of the `kind` op's matrix products if all of them ran batched over the B*H*T/chunk tiles:
     each product shape timed alone (best of `reps`), weighted by the op's fwd+bwd FLOPs in that shape
-    (`product_families`). An estimate of what this CPU's GEMMs give at the op's sizes, not a bound: the op's
-    real products are partly smaller (the chunk scan's are per tile)."""
+    (`_common.tile_matmul_flops`). An estimate of what this CPU's GEMMs give at the op's sizes, not a bound: the
+    op's real products are partly smaller (the chunk scan's are per tile)."""
     n = B * H * T // chunk
     shapes = {"scores": [((n, chunk, K), (n, K, chunk))], "values": [((n, chunk, chunk), (n, chunk, V))],
               "state": [((n, chunk, K), (n, K, V)), ((n, K, chunk), (n, chunk, V))]}
@@ -120,17 +103,12 @@ def tile_gemm_gflops(kind: str, chunk: int, reps: int = 5) -> float:
         flops = seconds = 0.0
         for a_shape, b_shape in pairs:
             a, b = torch.randn(a_shape), torch.randn(b_shape)
-            out = torch.bmm(a, b)  # warm-up, and the output buffer reused below
-            best = float("inf")
-            for _ in range(reps):
-                start = time.perf_counter()
-                torch.bmm(a, b, out=out)
-                best = min(best, time.perf_counter() - start)
+            out = torch.empty(n, a_shape[1], b_shape[-1])
+            seconds += best_seconds(lambda a=a, b=b, out=out: torch.bmm(a, b, out=out), reps)
             flops += 2 * a.numel() * b_shape[-1]
-            seconds += best
         rate[family] = flops / seconds
-    fam = product_families(kind, chunk)
-    return sum(fam.values()) / sum(f / rate[name] for name, f in fam.items()) / 1e9
+    work = {family: fwdbwd for family, (_, fwdbwd) in tile_matmul_flops(kind, K, V, chunk).items()}
+    return sum(work.values()) / sum(f / rate[family] for family, f in work.items()) / 1e9
 
 
 def contenders(kind: str, gdn_chunk: int):

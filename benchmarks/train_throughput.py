@@ -69,7 +69,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from _common import chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
+from _common import best_seconds, chunked_op_matmul_flops, int_at_least, measure_matmul_gflops
 from _machine import describe, describe_line
 from hybridlab.config import load, resolve
 from hybridlab.errors import HybridlabError
@@ -305,14 +305,8 @@ def linear_gemm_time(parts: Sequence[tuple[nn.Module, bool]], tokens: int, reps:
         if trained:
             products += [lambda gy=gy, w=w: gy @ w, lambda gy=gy, x=x: gy.t() @ x]
         for product in products:
-            product()  # warm-up
-            best = math.inf
-            for _ in range(reps):
-                start = clock()
-                product()
-                best = min(best, clock() - start)
             flops += count * 2 * tokens * k * n
-            seconds += count * best
+            seconds += count * best_seconds(product, reps, clock)
     return seconds, flops / seconds / 1e9
 
 

@@ -84,6 +84,7 @@ def test_linear_gemm_time_times_each_linear_shape_of_a_step_and_counts_every_lin
                for m in model.modules() if isinstance(m, torch.nn.Linear)]
     shapes = {(m.in_features, m.out_features, trained) for m, trained in linears}
     tokens, reps = 24, 3
+
     def readings():  # start/stop pairs: each product's three timed runs take 3 s, 1 s and 2 s; the best is 1 s
         now = 0.0
         while True:
