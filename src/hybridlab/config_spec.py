@@ -226,11 +226,13 @@ class LocalSources:
     flores_plus: str | None = opt(None, "FLoRes+ parquet mirror: {dev,devtest}/<config>.parquet", minLength=1)
     pg19: str | None = opt(None, "PG-19 books (position loss): data/<split>-*.parquet, columns text, url",
                            minLength=1)
-    flores200: str | None = opt(None, "FLORES-200 text release: {dev,devtest}/<code>.{dev,devtest}",
+    flores200: str | None = opt(None, "FLORES-200 text release: {dev,devtest}/<code>.{dev,devtest}[.xz]",
                                 minLength=1)
     fineweb2: str | None = opt(None, "FineWeb-2: data/<config>/train/*.parquet", minLength=1)
     fineweb: str | None = opt(None, "FineWeb: sample/10BT/*.parquet or data/<dump>/*.parquet", minLength=1)
     dclm: str | None = opt(None, "DCLM-baseline: global-shard_*/local-shard_*/*.jsonl.zst", minLength=1)
+    ntrex128: str | None = opt(None, "NTREX-128 (shipped: data/ntrex128): newstest2019-ref.<name>.txt[.xz]; "
+                               "the monolingual text instead of FineWeb-2 + the English web source", minLength=1)
     models: dict[str, Name] = opt({}, "hub model id -> local model or tokenizer directory")
     hf_home: str | None = opt(None, "HF_HOME for every job (null: the environment's)", minLength=1)
     hf_offline: bool = opt(False, "HF_HUB_OFFLINE=1 (and the datasets/transformers flags) for every job")

@@ -56,8 +56,9 @@ def test_dataset_config_names_checked_against_the_datasets_lists():
     assert "\n" not in str(info.value)
     with pytest.raises(HybridlabError, match="unknown dataset 'c4'"):
         dataset_config("tel_Telu", "c4")
-    # only the documented languages differ from the project code
-    differs = {(c, d) for c in LANGUAGES for d in DATASETS
+    # only the documented languages differ from the project code (NTREX-128 spells every language its
+    # own way: tests/data/test_real_text.py checks those names against the shipped files)
+    differs = {(c, d) for c in LANGUAGES for d in DATASETS if d != "ntrex128"
                if (n := getattr(LANGUAGES[c], DATASETS[d][1])) is not None and n != c}
     assert differs == {("zho_Hans", "flores_plus"), ("zho_Hant", "flores_plus"), ("zho_Hans", "fineweb2"),
                        ("zho_Hant", "fineweb2"), ("pes_Arab", "fineweb2")}

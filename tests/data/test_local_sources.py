@@ -90,7 +90,8 @@ def test_schema_accepts_the_keys_and_rejects_unknown_ones(config):
 def test_job_environment_and_defaults(tmp_path):
     assert job_environment({}) == {}
     assert local_sources({}) == {"flores_plus": None, "flores200": None, "fineweb2": None, "fineweb": None,
-                                 "dclm": None, "pg19": None, "hf_home": None, "models": {}, "hf_offline": False}
+                                 "dclm": None, "ntrex128": None, "pg19": None, "hf_home": None, "models": {},
+                                 "hf_offline": False}
     env = job_environment({"local_sources": {"hf_home": str(tmp_path / "hf"), "hf_offline": True,
                                              "models": {"org/m": "/models/m"}}})
     assert env == {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

@@ -1,4 +1,5 @@
-"""Hugging Face hub loaders for hub presets: FLoRes+ (or the FLORES-200 text release), FineWeb-2, FineWeb, DCLM.
+"""Hugging Face hub loaders for hub presets: FLoRes+ (or the FLORES-200 text release), FineWeb-2, FineWeb, DCLM,
+and the NTREX-128 text shipped under ``data/``.
 
 Every loader returns polars frames in the project's shared schemas (the offline builder writes the
 same ones), with the PROJECT language code in ``lang`` whatever the dataset calls it:
@@ -24,7 +25,12 @@ Source facts this module relies on (checked against the sources named in `langua
   and ``devtest/<config>.parquet``; columns ``id`` (sentence number, from 1, shared by all
   languages), ``text`` and metadata. ``sid`` = ``id`` (row order + 1 if a copy lacks ``id``).
 * FLORES-200 release ``flores200_dataset/{dev,devtest}/<code>.{dev,devtest}``: one sentence per
-  line, line i parallel across languages; ``sid`` = line number (from 1, as FLoRes+ ``id``).
+  line, line i parallel across languages; ``sid`` = line number (from 1, as FLoRes+ ``id``). A local
+  copy may hold ``<code>.<split>.xz`` instead (the repository ships ``data/flores200`` that way).
+* NTREX-128 (Federmann et al. 2022; local copies only, e.g. the shipped ``data/ntrex128``):
+  ``newstest2019-ref.<name>.txt`` per language, English as ``newstest2019-src.eng.txt`` (each may be
+  ``.xz``-compressed), 1,997 sentences of 123 WMT19 news articles in article order, line i parallel.
+  Read as monolingual training text: consecutive sentences are grouped into documents.
 * FineWeb-2 ``HuggingFaceFW/fineweb-2``: ``data/<config>/{train,test}/*.parquet``, columns ``text``,
   ``id`` (+ metadata). No English.
 * FineWeb ``HuggingFaceFW/fineweb``: config ``sample-10BT`` = ``sample/10BT/*.parquet``, a dump
@@ -46,6 +52,7 @@ a warning.
 from __future__ import annotations
 
 import logging
+import lzma
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,8 +88,23 @@ def _flores_plus_files(root: Path, config: str | None, split: str) -> tuple[str,
     return "parquet", sorted((root / split).glob(f"{config}.parquet")), f"{split}/{config}.parquet"
 
 
+def _plain_or_xz(folder: Path, names: list[str]) -> list[Path]:
+    """The first of `names` in `folder` that exists as a file, plain before ``.xz``-compressed; [] if none."""
+    for name in names:
+        for path in (folder / name, folder / f"{name}.xz"):
+            if path.is_file():
+                return [path]
+    return []
+
+
 def _flores200_files(root: Path, config: str | None, split: str) -> tuple[str, list[Path], str]:
-    return "text", sorted((root / split).glob(f"{config}.{split}")), f"{split}/{config}.{split}"
+    return "text", _plain_or_xz(root / split, [f"{config}.{split}"]), f"{split}/{config}.{split}[.xz]"
+
+
+def _ntrex128_files(root: Path, config: str | None, split: str) -> tuple[str, list[Path], str]:
+    # references are newstest2019-ref.<name>.txt; NTREX's English is the source, newstest2019-src.eng.txt
+    names = [f"newstest2019-ref.{config}.txt", f"newstest2019-src.{config}.txt"]
+    return "text", _plain_or_xz(root, names), f"newstest2019-ref.{config}.txt[.xz]"
 
 
 def _fineweb2_files(root: Path, config: str | None, split: str) -> tuple[str, list[Path], str]:
@@ -114,7 +136,7 @@ def _pg19_files(root: Path, config: str | None, split: str) -> tuple[str, list[P
 # dataset key -> (root, config, split) -> (datasets builder, files, the layout it expects)
 LAYOUTS: dict[str, Callable[[Path, str | None, str], tuple[str, list[Path], str]]] = {
     "flores_plus": _flores_plus_files, "flores200": _flores200_files, "fineweb2": _fineweb2_files,
-    "fineweb": _fineweb_files, "dclm": _dclm_files, "pg19": _pg19_files,
+    "fineweb": _fineweb_files, "dclm": _dclm_files, "pg19": _pg19_files, "ntrex128": _ntrex128_files,
 }
 
 
@@ -135,6 +157,15 @@ def _cached_snapshot(dataset: str) -> Path | None:
             f"--repo-type dataset), or point local_sources.{dataset} at a local copy") from None
 
 
+def _xz_text_rows(files: list[Path]) -> Iterator[dict]:
+    """Rows of xz-compressed text files exactly as the `datasets` "text" builder yields plain ones: one
+    ``{"text": line}`` per line (universal newlines, line break removed, empty lines kept)."""
+    for path in files:
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                yield {"text": line.rstrip("\n")}
+
+
 def iter_rows(dataset: str, config: str | None, split: str, *, local: str | Path | None = None,
               token: str | None = None) -> Iterator[dict]:
     """Stream the rows of one config/split of `dataset` (a `LAYOUTS` key) from `local`, the cache or the hub."""
@@ -147,9 +178,12 @@ def iter_rows(dataset: str, config: str | None, split: str, *, local: str | Path
             raise HybridlabError(f"local copy of {dataset} '{root}' has no {expected} (config {config!r}, "
                                  f"split {split!r}); write the files in the hub's layout or fix the name")
         try:
-            yield from load_dataset(builder, data_files={split: [str(f) for f in files]}, split=split,
-                                    streaming=True)
-        except (DatasetsError, ValueError, OSError, ImportError) as err:
+            if builder == "text" and files[0].suffix == ".xz":
+                yield from _xz_text_rows(files)
+            else:
+                yield from load_dataset(builder, data_files={split: [str(f) for f in files]}, split=split,
+                                        streaming=True)
+        except (DatasetsError, ValueError, OSError, ImportError, lzma.LZMAError) as err:
             detail = " ".join(str(err).split())[:160]
             raise HybridlabError(f"local copy of {dataset} '{root}': cannot read {expected} "
                                  f"({type(err).__name__}: {detail}); rewrite the files") from err
@@ -303,6 +337,32 @@ def load_english_web(n_docs: int, source: str = "fineweb", *, local: str | Path 
                        token=token)
 
 
+def load_ntrex128(languages: list[str], *, local: str | Path, sentences_per_doc: int = 16) -> pl.DataFrame:
+    """NTREX-128 text of `languages` (project codes, English included) in the mono schema: each file's
+    sentences in file order, `sentences_per_doc` consecutive ones per document joined by newlines (the
+    file is whole news articles in order, so a document keeps neighbouring sentences together).
+
+    ``doc_id`` is ``ntrex128:<lang>:<k>`` (k from 0); empty lines are skipped.
+    """
+    if sentences_per_doc < 1:
+        raise HybridlabError(f"NTREX-128: sentences_per_doc={sentences_per_doc} must be >= 1")
+    if not languages or len(set(languages)) != len(languages):
+        raise HybridlabError(f"NTREX-128 languages {languages} must be a non-empty list without duplicates")
+    names = {lang: dataset_config(lang, "ntrex128") for lang in languages}  # one-line error if NTREX lacks one
+    doc_ids, langs, texts = [], [], []
+    for lang, name in names.items():
+        lines = [r["text"] for r in iter_rows("ntrex128", name, "test", local=local)]
+        sentences = [s for s in lines if s.strip()]
+        if len(sentences) < len(lines):
+            log.info("NTREX-128 %s: skipped %d empty lines", name, len(lines) - len(sentences))
+        for k, start in enumerate(range(0, len(sentences), sentences_per_doc)):
+            doc_ids.append(f"ntrex128:{lang}:{k}")
+            langs.append(lang)
+            texts.append("\n".join(sentences[start:start + sentences_per_doc]))
+    return pl.DataFrame({"doc_id": doc_ids, "lang": langs, "text": texts, "source": ["ntrex128"] * len(texts)},
+                        schema=MONO_SCHEMA)
+
+
 def load_pg19(n_books: int, split: str = "test", *, local: str | Path | None = None,
               token: str | None = None) -> pl.DataFrame:
     """The first `n_books` PG-19 books of `split` (one document each), mono schema, lang eng_Latn."""
@@ -316,15 +376,18 @@ def load_pg19(n_books: int, split: str = "test", *, local: str | Path | None = N
 
 def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = None) -> dict:
     """Parallel text from FLoRes+ (or the FLORES-200 release) and monolingual text from FineWeb-2 + FineWeb
-    or DCLM, written as the offline builder's files (parallel.parquet, mono.parquet, manifest.json) in
-    `out_dir`, each replaced atomically; returns the manifest.
+    or DCLM (or NTREX-128), written as the offline builder's files (parallel.parquet, mono.parquet,
+    manifest.json) in `out_dir`, each replaced atomically; returns the manifest.
 
     `params`: english, parallel_languages, mono_languages, fineweb2_docs_per_language, english_web_docs,
     optional flores_split (default devtest), english_web (fineweb | dclm, default fineweb) and
-    local_sources ({flores_plus, flores200, fineweb2, fineweb, dclm}: a local copy in the hub's own layout
-    or null, `hybridlab.data.local_sources`; null reads the hub, or its snapshot in the HF cache when
-    HF_HUB_OFFLINE=1). `flores200` set: the parallel text is the FLORES-200 text release. English comes
-    first among the parallel languages; it is never a FineWeb-2 language. `token`: the hub token.
+    local_sources ({flores_plus, flores200, fineweb2, fineweb, dclm, ntrex128}: a local copy in the hub's
+    own layout or null, `hybridlab.data.local_sources`; null reads the hub, or its snapshot in the HF
+    cache when HF_HUB_OFFLINE=1). `flores200` set: the parallel text is the FLORES-200 text release.
+    `ntrex128` set: the monolingual text is NTREX-128 for mono_languages plus English, grouped by
+    `ntrex_sentences_per_doc` (default 16) sentences per document (the FineWeb-2 / web counts are then
+    unused). English comes first among the parallel languages; it is never a FineWeb-2 language.
+    `token`: the hub token.
     """
     import json
 
@@ -343,16 +406,25 @@ def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = N
     else:
         parallel = load_flores(par_langs, split, local=local.get("flores_plus"), token=token)
         par_source = str(local.get("flores_plus") or FLORES)
-    web = params.get("english_web", "fineweb")
-    mono = pl.concat([
-        load_fineweb2([x for x in params["mono_languages"] if x != english],
-                      params["fineweb2_docs_per_language"], local=local.get("fineweb2"), token=token),
-        load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token),
-    ])
+    mono_langs = [x for x in params["mono_languages"] if x != english]
+    if local.get("ntrex128"):
+        if local.get("fineweb2"):
+            raise HybridlabError("local_sources sets both fineweb2 and ntrex128; keep the one monolingual source")
+        mono = load_ntrex128(mono_langs + [english], local=local["ntrex128"],
+                             sentences_per_doc=params.get("ntrex_sentences_per_doc", 16))
+        mono_sources = {"mono": f"ntrex128:{local['ntrex128']}", "english": f"ntrex128:{local['ntrex128']}"}
+    else:
+        web = params.get("english_web", "fineweb")
+        mono = pl.concat([
+            load_fineweb2(mono_langs, params["fineweb2_docs_per_language"], local=local.get("fineweb2"),
+                          token=token),
+            load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token),
+        ])
+        mono_sources = {"mono": str(local.get("fineweb2") or FINEWEB2),
+                        "english": str(local.get(web) or HUB_NAMES[web])}
     manifest = {
         "source": "hub",
-        "datasets": {"parallel": par_source, "mono": str(local.get("fineweb2") or FINEWEB2),
-                     "english": str(local.get(web) or HUB_NAMES[web])},
+        "datasets": {"parallel": par_source, **mono_sources},
         "parallel": parallel.group_by("lang").len().sort("lang").rows(),
         "mono_docs": mono.group_by("lang").len().sort("lang").rows(),
         "unavailable": {},

@@ -12,6 +12,10 @@ Definitions this module owns:
   | FLoRes+ `openlanguagedata/flores_plus` (`flores_plus`) | Chinese: `cmn_Hans` / `cmn_Hant` |
   | FLORES-200 text release (`flores200`) | none (`zho_Hans`, `zho_Hant`, `pes_Arab`, ...) |
   | FineWeb-2 `HuggingFaceFW/fineweb-2` (`fineweb2`) | Chinese: `cmn_Hani` (both scripts); Persian: `fas_Arab`; no English |
+  | NTREX-128 files `newstest2019-ref.<name>.txt` (`ntrex128`) | all: ISO 639-3 (`fra`, `fas`, `swa`), `srp-Cyrl`, `zho_Hans` |
+
+  NTREX-128's English is `eng`, the source file `newstest2019-src.eng.txt`; it lacks `ary_Arab`,
+  `bam_Latn`, `ory_Orya`, `asm_Beng` and `sot_Latn`.
 
   Where the names were checked (every code of the registry, by script, against these lists):
   * FLoRes+: the language-coverage table of the FLoRes+ 2.0-rc.3 README (github
@@ -28,6 +32,15 @@ Definitions this module owns:
     `zho_Hant` share `cmn_Hani` (a corpus may list only one of them). The hub card's YAML config
     list itself was not readable here; the per-language filter configs `configs/<subset>.yml` of the
     same repository agree.
+  * `yor_Latn` and `sot_Latn` (added after those 53, for the real-text preset): present in the
+    FLORES-200 devtest files of Helsinki-NLP/OPUS-MT-testsets (ac0f19c) and as FineWeb-2
+    `configs/yor_Latn.yml` / `configs/sot_Latn.yml`; not checked against the FLoRes+ table.
+  * NTREX-128: the file listing of `datasets/microsoft/ntrex/NTREX/NTREX-128/` in github
+    Helsinki-NLP/OPUS-MT-testsets (ac0f19c, the copy shipped under `data/ntrex128`) and its
+    `LANGUAGES.tsv`; where NTREX has several files for a language the registry takes the one in the
+    code's script and standard variety (`srp-Cyrl`, not `srp-Latn`; `zho_Hans`; `fas` Persian, not
+    `prs` Dari; `spa` and `por`, not `spa-MX` / `por-BR`), each file's script checked with
+    `dominant_script`.
 - `gettext_locales` are the locale directory names under which Debian/Ubuntu packages ship a
   language's `.mo` catalogues (`te`, `zh_CN`, `sr`...), most preferred first. LibreOffice spells them
   with a hyphen (`zh-CN`); `normalise_locale` maps both to the underscore form. Script variants that
@@ -72,33 +85,37 @@ class Language:
     flores_config: str | None          # config name in openlanguagedata/flores_plus (None: absent)
     fineweb2_config: str | None        # config name in HuggingFaceFW/fineweb-2 (None: absent)
     flores200_code: str | None = None  # file name stem in the FLORES-200 text release (None: absent)
+    ntrex128_code: str | None = None   # <name> of NTREX-128's newstest2019-ref.<name>.txt (None: absent)
 
 
 def _lang(code: str, name: str, locales: tuple[str, ...], flores: str | None = "",
-          fineweb2: str | None = "", flores200: str | None = "") -> Language:
+          fineweb2: str | None = "", flores200: str | None = "", ntrex128: str | None = "") -> Language:
     iso, script = code.split("_")
-    # "" means "same as the project code"; None means the dataset has no such config.
+    # "" means "same as the project code" (NTREX-128: the ISO 639-3 code); None means the dataset has
+    # no such config.
     def same(v):
         return code if v == "" else v
-    return Language(code, iso, script, name, locales, same(flores), same(fineweb2), same(flores200))
+    return Language(code, iso, script, name, locales, same(flores), same(fineweb2), same(flores200),
+                    iso if ntrex128 == "" else ntrex128)
 
 
 _LANGUAGES = [
     _lang("eng_Latn", "English", (), fineweb2=None),  # English is the msgid side; FineWeb-2 has none
     # -- the 13 FLoRes languages of the multilinguality study
     _lang("fra_Latn", "French", ("fr", "fr_FR")),
-    _lang("zho_Hans", "Chinese (Simplified)", ("zh_CN", "zh_SG"), flores="cmn_Hans", fineweb2="cmn_Hani"),
+    _lang("zho_Hans", "Chinese (Simplified)", ("zh_CN", "zh_SG"), flores="cmn_Hans", fineweb2="cmn_Hani",
+          ntrex128="zho_Hans"),
     _lang("hin_Deva", "Hindi", ("hi", "hi_IN")),
     _lang("tha_Thai", "Thai", ("th", "th_TH")),
-    _lang("pes_Arab", "Persian", ("fa", "fa_IR"), fineweb2="fas_Arab"),  # FineWeb-2 has fas_Arab only
+    _lang("pes_Arab", "Persian", ("fa", "fa_IR"), fineweb2="fas_Arab", ntrex128="fas"),  # FineWeb-2: fas_Arab only
     _lang("ben_Beng", "Bengali", ("bn", "bn_BD", "bn_IN")),
-    _lang("srp_Cyrl", "Serbian (Cyrillic)", ("sr", "sr_RS")),
-    _lang("ary_Arab", "Moroccan Arabic", ("ary",)),
+    _lang("srp_Cyrl", "Serbian (Cyrillic)", ("sr", "sr_RS"), ntrex128="srp-Cyrl"),
+    _lang("ary_Arab", "Moroccan Arabic", ("ary",), ntrex128=None),
     _lang("arb_Arab", "Modern Standard Arabic", ("ar",)),
     _lang("lit_Latn", "Lithuanian", ("lt",)),
-    _lang("bam_Latn", "Bambara", ("bm",)),
-    _lang("ory_Orya", "Odia", ("or",)),
-    _lang("asm_Beng", "Assamese", ("as",)),
+    _lang("bam_Latn", "Bambara", ("bm",), ntrex128=None),
+    _lang("ory_Orya", "Odia", ("or",), ntrex128=None),
+    _lang("asm_Beng", "Assamese", ("as",), ntrex128=None),
     # -- FineWeb-2 project languages not listed above
     _lang("tel_Telu", "Telugu", ("te",)),
     _lang("mal_Mlym", "Malayalam", ("ml",)),
@@ -119,16 +136,17 @@ _LANGUAGES = [
     _lang("heb_Hebr", "Hebrew", ("he",)),
     _lang("tur_Latn", "Turkish", ("tr",)),
     _lang("vie_Latn", "Vietnamese", ("vi",)),
-    _lang("swh_Latn", "Swahili", ("sw",)),
+    _lang("swh_Latn", "Swahili", ("sw",), ntrex128="swa"),
     # -- further languages with usable offline catalogues (extra scripts and families)
     _lang("dzo_Tibt", "Dzongkha", ("dz",)),
-    _lang("zho_Hant", "Chinese (Traditional)", ("zh_TW", "zh_HK"), flores="cmn_Hant", fineweb2="cmn_Hani"),
+    _lang("zho_Hant", "Chinese (Traditional)", ("zh_TW", "zh_HK"), flores="cmn_Hant", fineweb2="cmn_Hani",
+          ntrex128="zho_Hant"),
     _lang("ukr_Cyrl", "Ukrainian", ("uk",)),
     _lang("bul_Cyrl", "Bulgarian", ("bg",)),
     _lang("kaz_Cyrl", "Kazakh", ("kk",)),
-    _lang("khk_Cyrl", "Mongolian", ("mn",)),
+    _lang("khk_Cyrl", "Mongolian", ("mn",), ntrex128="mon"),
     _lang("mar_Deva", "Marathi", ("mr",)),
-    _lang("npi_Deva", "Nepali", ("ne",)),
+    _lang("npi_Deva", "Nepali", ("ne",), ntrex128="nep"),
     _lang("guj_Gujr", "Gujarati", ("gu",)),
     _lang("pan_Guru", "Punjabi", ("pa", "pa_IN")),
     _lang("urd_Arab", "Urdu", ("ur",)),
@@ -140,6 +158,9 @@ _LANGUAGES = [
     _lang("fin_Latn", "Finnish", ("fi",)),
     _lang("ind_Latn", "Indonesian", ("id",)),
     _lang("eus_Latn", "Basque", ("eu",)),
+    # -- African languages of the real-text preset
+    _lang("yor_Latn", "Yoruba", ("yo",)),
+    _lang("sot_Latn", "Southern Sotho", ("st",), ntrex128=None),
 ]
 
 LANGUAGES: dict[str, Language] = {lang.code: lang for lang in _LANGUAGES}
@@ -180,6 +201,7 @@ DATASETS: dict[str, tuple[str, str]] = {
     "flores_plus": ("FLoRes+ (openlanguagedata/flores_plus)", "flores_config"),
     "flores200": ("the FLORES-200 text release", "flores200_code"),
     "fineweb2": ("FineWeb-2 (HuggingFaceFW/fineweb-2)", "fineweb2_config"),
+    "ntrex128": ("NTREX-128", "ntrex128_code"),
 }
 
 

@@ -7,18 +7,21 @@ Clusters often have no hub access; researchers keep local copies. A preset's opt
 key             what it points at (each in its hub's own layout, config names and columns)
 =============== =========================================================================================
 ``flores_plus`` FLoRes+ parquet mirror: ``{dev,devtest}/<config>.parquet``, column ``text`` (+ ``id``)
-``flores200``   FLORES-200 text release: ``{dev,devtest}/<code>.{dev,devtest}``, a sentence per line
+``flores200``   FLORES-200 text release: ``{dev,devtest}/<code>.{dev,devtest}[.xz]``, a sentence a line
 ``fineweb2``    FineWeb-2: ``data/<config>/train/*.parquet``, columns ``text``, ``id``
 ``fineweb``     FineWeb: ``sample/10BT/*.parquet`` (config ``sample-10BT``) or ``data/<dump>/*.parquet``
 ``dclm``        DCLM-baseline: ``global-shard_*/local-shard_*/*.jsonl.zst`` (or ``.jsonl``), field ``text``
+``ntrex128``    NTREX-128 (shipped: ``data/ntrex128``): ``newstest2019-ref.<name>.txt[.xz]``, a sentence a line
 ``pg19``        PG-19 books (position loss): ``data/<split>-*.parquet``, columns ``text``, ``url`` (+ metadata)
 ``models``      mapping hub model id -> local directory (teachers, tokenizers, analysis-pair models)
 ``hf_home``     ``HF_HOME`` for every job (the Hugging Face cache: hub snapshots, datasets cache)
 ``hf_offline``  true: ``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1`` for every job
 =============== =========================================================================================
 
-``flores_plus`` and ``flores200`` are alternatives (one parallel source). With ``hf_offline`` and no
-local directory for a dataset, the loaders read the dataset's snapshot in the HF cache (same layout).
+``flores_plus`` and ``flores200`` are alternatives (one parallel source); so are ``fineweb2`` and
+``ntrex128`` (one monolingual source: with ``ntrex128`` the monolingual text, English included, is
+NTREX-128). With ``hf_offline`` and no local directory for a dataset, the loaders read the dataset's
+snapshot in the HF cache (same layout).
 
 The rules export :func:`job_environment` into every job's environment; model loaders call
 :func:`resolve_model_source`, which reads the mapping from the config or from that environment.
@@ -36,7 +39,7 @@ from typing import Any
 from hybridlab.data.languages import DATASETS, dataset_config
 from hybridlab.errors import HybridlabError
 
-DATASET_KEYS = ("flores_plus", "flores200", "fineweb2", "fineweb", "dclm")  # read by the corpus step
+DATASET_KEYS = ("flores_plus", "flores200", "fineweb2", "fineweb", "dclm", "ntrex128")  # read by the corpus step
 EVAL_DATASET_KEYS = ("pg19",)  # read by evaluation rules only (kept out of the corpus step's params)
 KEYS = (*DATASET_KEYS, *EVAL_DATASET_KEYS, "models", "hf_home", "hf_offline")
 MODEL_DIRS_ENV = "HYBRIDLAB_MODEL_DIRS"  # JSON {hub id: local dir}, set for every job by the rules
@@ -110,7 +113,8 @@ def check_hub_languages(config: dict) -> None:
     """Every language of every hub preset resolves in each dataset that preset reads it from.
 
     Parallel languages + English: FLoRes+ (or the FLORES-200 release when `local_sources.flores200`
-    is set). Monolingual languages except English: FineWeb-2 (English comes from FineWeb/DCLM). Two
+    is set). Monolingual languages except English: FineWeb-2 (English comes from FineWeb/DCLM); with
+    `local_sources.ntrex128` set, monolingual languages and English: NTREX-128. Two
     project languages that one dataset stores under the same config (FineWeb-2's `cmn_Hani` for
     `zho_Hans` and `zho_Hant`) are an error too: they would load the same documents twice.
     """
@@ -123,9 +127,15 @@ def check_hub_languages(config: dict) -> None:
         if src["flores_plus"] and src["flores200"]:
             raise HybridlabError(f"config: presets.{scale}.local_sources sets both flores_plus and flores200; "
                                  f"keep the one parallel source to read")
+        if src["fineweb2"] and src["ntrex128"]:
+            raise HybridlabError(f"config: presets.{scale}.local_sources sets both fineweb2 and ntrex128; "
+                                 f"keep the one monolingual source to read")
         parallel = "flores200" if src["flores200"] else "flores_plus"
+        mono = [c for c in data["mono_languages"] if c != english]
+        # NTREX-128 also supplies the English text; FineWeb-2 has none (English comes from FineWeb/DCLM)
+        mono_dataset, mono_codes = ("ntrex128", mono + [english]) if src["ntrex128"] else ("fineweb2", mono)
         lists = [("parallel_languages", parallel, [english] + [c for c in data["parallel_languages"] if c != english]),
-                 ("mono_languages", "fineweb2", [c for c in data["mono_languages"] if c != english])]
+                 ("mono_languages", mono_dataset, mono_codes)]
         for key, dataset, codes in lists:
             seen: dict[str, str] = {}
             for code in codes:
