@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from hybridlab.config import config_hash, experiment_seeds, resolve, validate
+from hybridlab.config import config_hash, experiment_seeds, placement_seeds, resolve, studies, validate
 from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, job_environment, local_sources
 from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
@@ -33,6 +33,9 @@ ON_GPU = SCALE == "paper"
 # The paper preset's code paths (hub data and models, multi-process training, lm-eval). The rehearsal
 # preset runs them on CPU at miniature size: only numbers and paths differ.
 PAPER_PATH = SCALE in ("paper", "rehearsal")
+# The studies whose jobs this preset runs (the real preset runs the multilinguality study alone).
+STUDIES = studies(C)
+BLD_STUDY = "bld" in STUDIES
 REHEARSAL_PROCESSES = 2  # CPU processes (gloo) a multi-GPU rule gets at the rehearsal preset
 # Downloaded registry packages (offline corpus) live outside results/ and are reused across presets.
 CACHE_DIR = os.environ.get("HYBRIDLAB_CACHE", "cache")
@@ -205,7 +208,8 @@ BLD_NL_TOK = TOK_PLAN["bld_nl"]
 # default leaves existing runs' params (and their outputs) as they are.
 DOCUMENT_MASK = {"document_mask": True} if DATA.get("packing", {}).get("document_mask") else {}
 # Every mixture the DAG builds: a multilingual one per teacher tokenizer, an English one for BLD-NL's.
-MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]] + [(t, "english") for t in TOK_PLAN["english"]]
+MIXTURES = [(t, "multilingual") for t in TOK_PLAN["multilingual"]]
+MIXTURES += [(t, "english") for t in TOK_PLAN["english"]] if BLD_STUDY else []  # BLD-NL's
 SR_SPLITS = ["train", "val", "test"]
 
 
@@ -241,6 +245,8 @@ def corpus_params():
         # local copies in the hub layouts (config `local_sources`; None = the hub or the HF cache)
         src = local_sources(C)
         p.update(english=C["languages"]["english"], local_sources={k: src[k] for k in LOCAL_DATASET_KEYS})
+        if "ntrex_sentences_per_doc" in DATA:
+            p["ntrex_sentences_per_doc"] = DATA["ntrex_sentences_per_doc"]
     return as_json(p)
 
 
@@ -263,6 +269,8 @@ def mixture_params(name):
         "val_fraction": DATA["val_fraction"],
         "seed": C["seed"],
     }
+    if name == "multilingual" and DATA.get("heldout"):
+        p["heldout"] = DATA["heldout"]
     if name == "english" and DATA.get("bld_nl_stream"):
         # Sized to the budget: stream the web source until the largest BLD-NL arm's tokens are packed.
         bld = C["train"]["bld_nl"]
@@ -307,13 +315,26 @@ def student_dir(teacher, placement, mixer, seed):
 
 
 STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
+# Every distillation run: a student x its placement's replicate seeds (experiments.distill.placement_seeds).
+DISTILL_RUNS = [(t, p, m, s) for t, p, m in STUDENTS for s in placement_seeds(C, p)]
+# Teachers converted from a GGUF file (models.gguf: teacher name -> file spec), by teacher key.
+GGUF_TEACHERS = {teacher_key(n): spec for n, spec in (C["models"].get("gguf") or {}).items()}
+# tokenizer name -> the GGUF teacher whose converted directory holds it
+GGUF_TOKENIZERS = {teacher_tok(t): t for t in GGUF_TEACHERS}
+
+
+def teacher_script(teacher):
+    """How the teacher rule makes a teacher: pre-trained here (offline), converted from GGUF, or fetched."""
+    if OFFLINE:
+        return "pretrain_teacher.py"
+    return "convert_gguf_teacher.py" if teacher in GGUF_TEACHERS else "fetch_teacher.py"
 
 
 # ----------------------------------------------------------------------------------------------------
 # Train phase: paths and params of rules/train.smk
 
 # Arms of the Spaced Retrieval study (name -> spec for train_bld_sr.py; hybridlab.train.spaced_retrieval).
-BLD_SR_ARMS = sr_arm_specs(C["experiments"]["bld_sr"])
+BLD_SR_ARMS = sr_arm_specs(C["experiments"]["bld_sr"]) if BLD_STUDY else {}
 
 
 def bld_sr_arms():
@@ -348,7 +369,7 @@ def _bld_nl_study():
     return {a.name: a for a in nl_arms(exp["mixers"], list(run["sizes"]))}
 
 
-BLD_NL_ARMS = _bld_nl_study()
+BLD_NL_ARMS = _bld_nl_study() if BLD_STUDY else {}
 
 
 def bld_nl_arms():
@@ -417,16 +438,15 @@ EVAL_TABLES = [
     "fertility",
     "perplexity",
     "niah",
-    "retrieval_score",
-    "retrieval_heads",
-    "position_loss",
 ]
+# The BLD study's analyses
+EVAL_TABLES += ["retrieval_score", "retrieval_heads", "position_loss"] if BLD_STUDY else []
 
 
 def distilled_students(seeds=None):
     """Final (stage-2) student directories (save_hybrid layout: config.json, model.safetensors, hybrid.json) of
     every student x replicate seed (`seeds`, default experiments.distill.seeds)."""
-    return [distill_dir(t, p, m, "stage2", s) for t, p, m in STUDENTS for s in (seeds or DISTILL_SEEDS)]
+    return [distill_dir(t, p, m, "stage2", s) for t, p, m, s in DISTILL_RUNS if seeds is None or s in seeds]
 
 
 # The analyses of the multilinguality study (SoftCKA, recency, NIAH; lm-eval) and the BLD-NL retrieval-head and
@@ -531,11 +551,11 @@ def _runs(table, dirs):
 
 _EV = lambda name: R("eval", f"{name}.parquet")
 _DISTILL_RUNS = _runs(
-    "distill", [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage2", s)) for t, p, m in STUDENTS for s in DISTILL_SEEDS]
+    "distill", [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage2", s)) for t, p, m, s in DISTILL_RUNS]
 )
 _DISTILL1_RUNS = _runs(
     "distill_stage1",
-    [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage1", s)) for t, p, m in STUDENTS for s in DISTILL_SEEDS],
+    [(f"{t}/{p}-{m}", s, distill_dir(t, p, m, "stage1", s)) for t, p, m, s in DISTILL_RUNS],
 )
 _SR_RUNS = _runs("bld_sr", [(a, s, bld_sr_dir(a, s)) for a in bld_sr_arms() for s in SR_SEEDS])
 _NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for s in NL_SEEDS])
@@ -555,15 +575,6 @@ def _inputs(needs):
 
 # lm-eval (and so its table) runs at the paper and rehearsal presets only (rules/eval.smk)
 _PAPER_ONLY = {"lm_benchmarks"}
-FIGURES = {name: _inputs(needs) for name, (_, needs) in _registry.FIGURES.items()}
-TABLES = {
-    name: _inputs(needs) for name, (_, needs) in _registry.TABLES.items() if PAPER_PATH or not _PAPER_ONLY & set(needs)
-}
-
-# The Snakemake report (`snakemake --report`): every figure and table with the caption from
-# hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
-CAPTIONS = _registry.CAPTIONS
-
 _BLD = (
     "fig_sr_",
     "fig_retrieval_score",
@@ -575,6 +586,29 @@ _BLD = (
     "table_retrieval_score",
     "table_sr_accuracy",
 )
+
+
+# A preset without the BLD study draws none of its figures and tables; the findings table reads what exists.
+_OPTIONAL = {"table_findings": {"retrieval_score", "bld_sr", "bld_nl"}}
+
+
+def _needs(name, needs):
+    return [n for n in needs if BLD_STUDY or n not in _OPTIONAL.get(name, ())]
+
+
+FIGURES = {
+    name: _inputs(needs) for name, (_, needs) in _registry.FIGURES.items() if BLD_STUDY or not name.startswith(_BLD)
+}
+TABLES = {
+    name: _inputs(_needs(name, needs))
+    for name, (_, needs) in _registry.TABLES.items()
+    if (PAPER_PATH or not _PAPER_ONLY & set(needs)) and (BLD_STUDY or not name.startswith(_BLD))
+}
+
+# The Snakemake report (`snakemake --report`): every figure and table with the caption from
+# hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
+CAPTIONS = _registry.CAPTIONS
+
 _STAMP = {"preset": SCALE, "config_hash": CONFIG_HASH}
 
 

@@ -31,6 +31,7 @@ rule tokenizer:
     """Byte-level BPE trained on the corpus (smoke/tiny) or the hub tokenizer saved locally (paper)."""
     input:
         mono=CORPUS["mono"],
+        gguf_teacher=lambda wc: [f"{teacher_dir(GGUF_TOKENIZERS[wc.tok])}/config.json"] if wc.tok in GGUF_TOKENIZERS else [],
     output:
         R("data", "tokenizer/{tok}/tokenizer.json"),
     log:
@@ -51,7 +52,10 @@ rule tokenizer:
         cfg=lambda wc: as_json(
             {
                 "vocab_size": DATA.get("tokenizer_vocab_size"),
-                "hub_tokenizer": TOK_PLAN["sources"][wc.tok],
+                # a GGUF teacher's tokenizer is read from its converted directory
+                "hub_tokenizer": (
+                    teacher_dir(GGUF_TOKENIZERS[wc.tok]) if wc.tok in GGUF_TOKENIZERS else TOK_PLAN["sources"][wc.tok]
+                ),
                 "seed": C["seed"],
             }
         ),
@@ -64,6 +68,7 @@ rule mixture:
     """Tokenised, packed fixed-length sequences (one language per sequence), train/val by document, per tokenizer."""
     input:
         mono=CORPUS["mono"],
+        parallel=CORPUS["parallel"],
         tokenizer=lambda wc: tokenizer_file(wc.tok),
     output:
         [R("data", f"mixture/{{tok}}/{{name}}/{f}") for f in MIXTURE_FILES],
@@ -86,7 +91,7 @@ rule mixture:
         outdir=lambda wc: mixture_dir(wc.tok, wc.name),
     shell:
         "python workflow_scripts/pack_mixture.py --params {params.cfg:q} --mono {input.mono} "
-        "--tokenizer {input.tokenizer} --out {params.outdir} > {log} 2>&1"
+        "--tokenizer {input.tokenizer} --parallel {input.parallel} --out {params.outdir} > {log} 2>&1"
 
 
 rule spaced_retrieval:
@@ -117,4 +122,4 @@ rule data:
         CORPUS.values(),
         [tokenizer_file(t) for t in TOKENIZERS],
         [f for t, n in MIXTURES for f in mixture_files(t, n)],
-        [R("data", f"spaced_retrieval/{s}.parquet") for s in SR_SPLITS],
+        [R("data", f"spaced_retrieval/{s}.parquet") for s in SR_SPLITS] if BLD_STUDY else [],

@@ -114,8 +114,7 @@ rule eval_perplexity:
                 "teachers": {t: teacher_dir(t) for t in TEACHERS},
                 "students": [
                     {"teacher": t, "placement": p, "mixer": m, "seed": s, "dir": distill_dir(t, p, m, "stage2", s)}
-                    for t, p, m in STUDENTS
-                    for s in DISTILL_SEEDS
+                    for t, p, m, s in DISTILL_RUNS
                 ],
                 "rows_per_language": C["train"]["distill"]["table_rows_per_language"],
                 "batch_size": C["train"]["distill"]["eval_batch_size"],
@@ -179,7 +178,7 @@ rule eval_retrieval_score:
         runtime=60,
         gpu=gpus(1),
     params:
-        cfg=as_json({**C["eval"]["retrieval_score"], "seed": C["seed"]}),
+        cfg=lambda wc: as_json({**C["eval"]["retrieval_score"], "seed": C["seed"]}),
         arms=lambda wc: [bld_sr_dir(a, s) for a in bld_sr_arms() for s in SR_SEEDS],
     shell:
         "python workflow_scripts/eval_retrieval_score.py --params {params.cfg:q} --arms {params.arms} "
@@ -208,7 +207,7 @@ rule eval_retrieval_heads:
         runtime=60 if OFFLINE else 600,
         gpu=gpus("eval_retrieval_heads"),
     params:
-        cfg=heads_position_params("retrieval_heads"),
+        cfg=lambda wc: heads_position_params("retrieval_heads"),
         models=bld_nl_dirs(),
         mixture=input_dir("mixture"),
         tokdir=input_dir("tokenizer"),
@@ -241,7 +240,7 @@ rule eval_position_loss:
         runtime=60 if OFFLINE else 600,
         gpu=gpus(1),
     params:
-        cfg=heads_position_params("position_loss"),
+        cfg=lambda wc: heads_position_params("position_loss"),
         models=bld_nl_dirs(),
         mixture=input_dir("mixture"),
         tokdir=input_dir("tokenizer"),

@@ -6,7 +6,8 @@ rule teacher:
     """Dense teacher: pre-trained on the multilingual mixture (smoke/tiny) or fetched from the hub (paper)."""
     input:
         mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual") if OFFLINE else [],
-        tokenizer=lambda wc: tokenizer_file(teacher_tok(wc.teacher)),
+        # a GGUF teacher brings its own tokenizer (the tokenizer rule reads it from the converted directory)
+        tokenizer=lambda wc: [] if wc.teacher in GGUF_TEACHERS else tokenizer_file(teacher_tok(wc.teacher)),
     output:
         [R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
     log:
@@ -27,14 +28,15 @@ rule teacher:
                 "train": C.get("train", {}).get("teacher"),
                 "seed": C["seed"],
                 "name": teacher_name(wc.teacher),
+                **({"gguf": GGUF_TEACHERS[wc.teacher]} if wc.teacher in GGUF_TEACHERS else {}),
                 **DOCUMENT_MASK,
             }
         ),
-        script="pretrain_teacher.py" if OFFLINE else "fetch_teacher.py",
+        script=lambda wc: teacher_script(wc.teacher),
         work=lambda wc: R("models", f"runs/teacher_{wc.teacher}"),
         out=lambda wc: teacher_dir(wc.teacher),
         mixture=lambda wc: mixture_dir(teacher_tok(wc.teacher), "multilingual"),
-        tokdir=input_dir("tokenizer"),
+        tokdir=lambda wc: tokenizer_dir(teacher_tok(wc.teacher)),
     shell:
         "python workflow_scripts/{params.script} --params {params.cfg:q} --mixture {params.mixture} "
         "--tokenizer {params.tokdir} --work {params.work} --out {params.out} > {log} 2>&1"
@@ -86,4 +88,4 @@ rule models:
     """Phase target: every teacher and every converted student."""
     input:
         [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES],
-        [f"{student_dir(t, p, m, s)}/hybrid.json" for t, p, m in STUDENTS for s in DISTILL_SEEDS],
+        [f"{student_dir(t, p, m, s)}/hybrid.json" for t, p, m, s in DISTILL_RUNS],

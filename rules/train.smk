@@ -164,6 +164,6 @@ rule bld_nl:
 rule train:
     """Phase target: every distilled student and every BLD arm."""
     input:
-        [f"{distill_dir(t, p, m, 'stage2', s)}/{f}" for t, p, m in STUDENTS for s in DISTILL_SEEDS for f in TRAIN_FILES],
+        [f"{distill_dir(t, p, m, 'stage2', s)}/{f}" for t, p, m, s in DISTILL_RUNS for f in TRAIN_FILES],
         [f"{bld_sr_dir(a, s)}/{f}" for a in bld_sr_arms() for s in SR_SEEDS for f in TRAIN_FILES],
         [f"{bld_nl_dir(a, s)}/{f}" for a in bld_nl_arms() for s in NL_SEEDS for f in TRAIN_FILES],

@@ -13,7 +13,7 @@ from pathlib import Path
 import _common
 
 PARAMS = """--params keys: english, seq_len, val_fraction, seed, block_rows (default 1); corpus mixtures: languages,
-english_share, total_tokens; streamed English mixture: stream ({source: fineweb | dclm, path}), bld_nl
+english_share, total_tokens, heldout ({languages, sentences}: val rows from --parallel); streamed English mixture: stream ({source: fineweb | dclm, path}), bld_nl
 ({sizes, run, experiment})"""
 
 
@@ -21,12 +21,14 @@ def main() -> None:
     p = _common.parser(__doc__, PARAMS)
     p.add_argument("--mono", type=Path, required=True, help="mono.parquet of the corpus")
     p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json (or its directory)")
+    p.add_argument("--parallel", type=Path, help="parallel.parquet of the corpus (params heldout)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
     from hybridlab.train.jobs import pack_mixture_job
 
-    pack_mixture_job(_common.load_params(args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out)
+    pack_mixture_job(_common.load_params(args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out,
+                     parallel=args.parallel)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,33 @@ def _check_meaning(config: dict) -> None:
 
     check_hub_languages(config)
 
+    for scale in config["presets"]:
+        distill = merged_experiments(config, scale)["distill"]
+        own = distill.get("placement_seeds") or {}
+        first = (distill.get("seeds") or [config["seed"]])[0]
+        lacking = sorted(p for p, seeds in own.items() if first not in seeds)
+        if lacking:
+            raise HybridlabError(f"config: presets.{scale}.experiments.distill.placement_seeds of {lacking} lack seed "
+                                 f"{first}, the first distillation seed (the analyses read its models); add it")
+        extra = sorted(set(own) - set(distill["placements"]))
+        if extra:
+            raise HybridlabError(f"config: presets.{scale}.experiments.distill.placement_seeds names {extra}, which "
+                                 f"are not placements of the experiment ({', '.join(distill['placements'])})")
+        gguf = sorted(set(config["presets"][scale]["models"].get("gguf") or {})
+                      - set(config["presets"][scale]["models"].get("teachers") or []))
+        if gguf:
+            raise HybridlabError(f"config: presets.{scale}.models.gguf names {gguf}, which are not in "
+                                 "models.teachers; list each GGUF teacher there")
     for scale, preset in config["presets"].items():
+        heldout = preset["data"].get("heldout")
+        if heldout:
+            absent = [x for x in heldout["languages"] if x not in preset["data"]["parallel_languages"]
+                      and x != langs["english"]]
+            if absent:
+                raise HybridlabError(f"config: presets.{scale}.data.heldout.languages {absent} are not in "
+                                     "data.parallel_languages (the held-out text is the parallel corpus); add them")
+            if preset["data"]["source"] != "hub":
+                raise HybridlabError(f"config: presets.{scale}.data.heldout is for hub presets; remove it")
         sr = preset["data"]["spaced_retrieval"]
         if len(sr["gaps"]) != len(sr["gap_weights"]):
             raise HybridlabError(
@@ -180,6 +206,18 @@ def _check_seeds(config: dict) -> None:
 def experiment_seeds(cfg: dict, name: str) -> list[int]:
     """Replicate seeds of experiment `name` in a resolved view (`resolve`): its `seeds`, else [cfg["seed"]]."""
     return list(cfg["experiments"][name].get("seeds") or [cfg["seed"]])
+
+
+def placement_seeds(cfg: dict, placement: str) -> list[int]:
+    """Replicate seeds of one distillation placement: `experiments.distill.placement_seeds[placement]`, else
+    the experiment's seeds."""
+    own = (cfg["experiments"]["distill"].get("placement_seeds") or {}).get(placement)
+    return list(own or experiment_seeds(cfg, "distill"))
+
+
+def studies(cfg: dict) -> list[str]:
+    """The studies a resolved preset runs (`presets.<scale>.studies`; default both)."""
+    return list(cfg.get("studies") or ["multilinguality", "bld"])
 
 
 def validate(config: dict) -> dict:

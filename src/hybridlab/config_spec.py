@@ -127,7 +127,8 @@ Optimizer = Literal["adamw", "muon"]
 Precision = Literal["auto", "fp32", "bf16"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 FreezeScope = Literal["mixer", "block"]
-Scale = Literal["smoke", "tiny", "paper", "rehearsal"]
+Scale = Literal["smoke", "tiny", "paper", "rehearsal", "real"]
+Study = Literal["multilinguality", "bld"]
 SCALES: tuple[str, ...] = typing.get_args(Scale)
 
 SEEDS_HELP = ("replicate seeds: every arm runs once per seed (a `seed` wildcard, one job each); within one "
@@ -161,6 +162,9 @@ class DistillExperiment:
     conv_init: Literal["random", "identity"] = opt(
         "random", "converted students' q/k/v short convolutions: fla's random init or identity (last tap 1)")
     seeds: Seeds = opt(UNSET, SEEDS_HELP)
+    placement_seeds: dict[str, Seeds] = opt(
+        UNSET, "placement -> its replicate seeds, replacing `seeds` for that placement (e.g. more seeds for "
+        "the two periodic placements than for the others)")
 
 
 @dataclass(kw_only=True)
@@ -267,6 +271,14 @@ class Packing:
 
 
 @dataclass(kw_only=True)
+class Heldout:
+    """Held-out text from the parallel corpus instead of the mixture's own validation documents."""
+
+    languages: Langs = req("held-out languages (English is always added)")
+    sentences: PosInt = req("parallel sentences per language (the first ones by sentence id), packed whole")
+
+
+@dataclass(kw_only=True)
 class Data:
     """Corpora, tokenizer and the packed mixture of one preset."""
 
@@ -295,6 +307,9 @@ class Data:
     val_fraction: Fraction = req("share of the mixture held out for validation")
     spaced_retrieval: SpacedRetrieval = req("the Spaced Retrieval data of BLD-SR")
     min_parallel_sentences: PosInt = opt(UNSET, "offline: a language with fewer parallel sentences is an error")
+    ntrex_sentences_per_doc: PosInt = opt(UNSET, "hub presets reading NTREX-128: sentences joined into a document")
+    heldout: Heldout = opt(UNSET, "held-out rows of the multilingual mixture from the parallel corpus (absent: "
+                           "val_fraction of the mixture's documents); the parallel text then never enters training")
 
 
 @dataclass(kw_only=True)
@@ -318,6 +333,9 @@ class Models:
                                minItems=1)
     teacher_tokenizers: dict[str, Name] = opt(
         UNSET, "teacher name -> its tokenizer's short name in data.tokenizers (optional with one tokenizer)")
+    gguf: dict[str, Name] = opt(
+        UNSET, "teacher name -> a GGUF file it is converted from once (a path, or package:<package>/<file> for "
+        "a file an installed Python package ships); the teacher's tokenizer comes from the same file")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -662,6 +680,8 @@ class Preset:
     train: Train = opt(UNSET, "training runs")
     eval: Eval = opt(UNSET, "evaluations")
     experiments: PresetExperiments = opt(UNSET, "per-experiment overrides at this scale")
+    studies: list[Study] = opt(["multilinguality", "bld"], "the studies whose jobs this preset runs",
+                               minItems=1, uniqueItems=True)
 
 
 @dataclass(kw_only=True)
@@ -672,6 +692,7 @@ class Presets:
     tiny: Preset = req("the default: the whole study on a CPU laptop")
     paper: Preset = req("the study's sizes (GPUs, the hub)")
     rehearsal: Preset = opt(UNSET, "the paper preset's code paths at miniature size, on CPU")
+    real: Preset = opt(UNSET, "the multilinguality study on a real pretrained model and real text, on CPU")
 
 
 @dataclass(kw_only=True)

@@ -123,7 +123,7 @@ def test_snakemake_stops_with_one_line_on_bad_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "data", "--config", "scale=huge"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper, rehearsal)" in proc.stderr
+    assert "config: scale = 'huge' is not allowed (allowed: smoke, tiny, paper, rehearsal, real)" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -183,8 +183,9 @@ _DELETE = object()
 @pytest.mark.parametrize("path, value, message", [
     ("presets.tiny.data.seqlen", 1,
      "config: unknown key 'presets.tiny.data.seqlen' (allowed here: bld_nl_stream, english_bible_docs, english_share, "
-     "english_web, english_web_docs, fineweb2_docs_per_language, flores_split, max_mono_docs_per_language, "
-     "max_parallel_sentences, min_parallel_sentences, mixture_tokens, mono_languages, packing, parallel_languages, "
+     "english_web, english_web_docs, fineweb2_docs_per_language, flores_split, heldout, max_mono_docs_per_language, "
+     "max_parallel_sentences, min_parallel_sentences, mixture_tokens, mono_languages, ntrex_sentences_per_doc, "
+     "packing, parallel_languages, "
      "sentences_per_doc, seq_len, source, spaced_retrieval, tokenizer_vocab_size, tokenizers, val_fraction)"),
     ("experiments.bld_nl.pattern", _DELETE,
      "config: missing key 'pattern' in experiments.bld_nl (required: mixers, pattern, freeze_fraction, "

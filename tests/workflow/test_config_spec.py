@@ -45,7 +45,7 @@ def test_module_cli_prints_the_schema_and_describes():
 def test_validation_uses_the_generated_schema():
     assert cfg._schema() == spec.json_schema()
     jsonschema.Draft202012Validator.check_schema(spec.json_schema())
-    assert cfg.SCALES == spec.SCALES == ("smoke", "tiny", "paper", "rehearsal")
+    assert cfg.SCALES == spec.SCALES == ("smoke", "tiny", "paper", "rehearsal", "real")
 
 
 def test_every_section_and_key_has_one_line_help():

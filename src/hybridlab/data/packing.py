@@ -279,6 +279,51 @@ def pack_mixture(
     return PackedMixture(tokens_NS=tokens_NS, meta=meta, stats=stats, doc_starts=doc_starts)
 
 
+def with_parallel_heldout(mixture: PackedMixture, parallel_df: pl.DataFrame, tokenizer, *, languages: list[str],
+                          n_sentences: int) -> PackedMixture:
+    """`mixture` (packed without val rows) with val rows made of parallel-corpus sentences instead.
+
+    Per language, the sentences are taken in sentence-id order, each followed by EOS, and packed into
+    whole rows until the first `n_sentences` lie entirely inside them (the rows' last sentence may be cut;
+    ``stats["heldout"]`` counts the whole ones). Training rows never hold parallel text, so a held-out
+    score on these rows is on text the model never trained on (as long as the corpora share no sentence).
+    """
+    if (mixture.meta["split"] == "val").any():
+        raise HybridlabError("packing: parallel held-out rows replace the mixture's val rows; pack with "
+                             "val_fraction=0")
+    seq_len = mixture.tokens_NS.shape[1]
+    eos_id = int(mixture.stats["eos_id"])
+    rows_all, starts_all, langs_all, info = [], [], [], {}
+    for lang in languages:
+        texts = parallel_df.filter(pl.col("lang") == lang).sort("sid")["text"].to_list()
+        if len(texts) < n_sentences:
+            raise HybridlabError(f"packing: the parallel corpus has {len(texts)} sentences of {lang}, fewer than "
+                                 f"the {n_sentences} held-out sentences asked for; lower data.heldout.sentences")
+        docs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        ends = np.cumsum([len(d) + 1 for d in docs])
+        n_rows = -(-int(ends[n_sentences - 1]) // seq_len)
+        k = min(len(docs), int(np.searchsorted(ends, n_rows * seq_len)) + 1)
+        rows, starts = pack_stream(docs[:k], seq_len, eos_id)
+        if len(rows) < n_rows:
+            raise HybridlabError(f"packing: {lang}'s parallel text fills {len(rows)} of the {n_rows} held-out rows "
+                                 f"of {seq_len} tokens; lower data.heldout.sentences or seq_len")
+        rows, starts = rows[:n_rows], starts[:n_rows]
+        rows_all.append(rows)
+        starts_all += starts
+        langs_all += [lang] * n_rows
+        info[lang] = {"rows": n_rows, "tokens": n_rows * seq_len,
+                      "sentences": int(np.searchsorted(ends, n_rows * seq_len, side="right"))}
+    val = np.concatenate(rows_all) if rows_all else np.zeros((0, seq_len), dtype=np.int32)
+    n_train = len(mixture.tokens_NS)
+    meta = pl.concat([mixture.meta, pl.DataFrame(
+        {"row": np.arange(n_train, n_train + len(val)), "lang": langs_all, "split": ["val"] * len(val)},
+        schema=META_SCHEMA)])
+    stats = {**mixture.stats, "val_tokens": int(val.size), "val_fraction": 0.0,
+             "heldout": {"source": "parallel", "sentences": n_sentences, "languages": info}}
+    return PackedMixture(tokens_NS=np.ascontiguousarray(np.concatenate([mixture.tokens_NS, val])), meta=meta,
+                         stats=stats, doc_starts=list(mixture.doc_starts or []) + starts_all)
+
+
 def _atomic(path: Path, write) -> None:
     with atomic_file(path) as tmp:
         write(tmp)

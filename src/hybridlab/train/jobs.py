@@ -498,13 +498,14 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
 # --- the mixture rule's job (sized by the BLD-NL budget, so in the train layer) ---------------------------------
 
 def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
-                     log=print) -> dict:
+                     log=print, parallel: str | Path | None = None) -> dict:
     """Tokenise and pack one training mixture into `out` (the mixture rule); returns its stats.
 
     Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture` with `params`
     english, languages (English is always in; languages the corpus has no text for are reported through
     `log` and left out; none left: English only), english_share, seq_len, total_tokens, val_fraction,
-    seed, optional block_rows (default 1). With params `stream` ({source: fineweb | dclm, optional path: a
+    seed, optional block_rows (default 1) and heldout ({languages, sentences}: the val rows are those
+    sentences of the `parallel` corpus, `packing.with_parallel_heldout`). With params `stream` ({source: fineweb | dclm, optional path: a
     local copy in the hub's layout}, hub presets, the English mixture) the web source is streamed instead
     (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed: params `bld_nl`
     ({sizes, run, experiment}, counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's
@@ -526,11 +527,21 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
         log(f"warning: no monolingual text for {missing}; the mixture uses the other languages "
             f"(see the corpus manifest)")
     languages = [lang for lang in wanted if lang in available]
-    mixture = pack_mixture(corpus, load_tokenizer(str(tokenizer)), languages=languages,
+    tok = load_tokenizer(str(tokenizer))
+    heldout = params.get("heldout")
+    mixture = pack_mixture(corpus, tok, languages=languages,
                            english_share=params["english_share"] if languages else 1.0,
                            seq_len=params["seq_len"], total_tokens=params["total_tokens"],
-                           val_fraction=params["val_fraction"], seed=params["seed"],
+                           val_fraction=0.0 if heldout else params["val_fraction"], seed=params["seed"],
                            block_rows=params.get("block_rows", 1))
+    if heldout:  # held-out rows from the parallel corpus (never trained on) instead of mixture documents
+        from hybridlab.data.packing import with_parallel_heldout
+
+        if parallel is None:
+            raise HybridlabError("pack_mixture: params.heldout needs the parallel corpus; pass --parallel")
+        langs = [english] + [x for x in heldout["languages"] if x != english]
+        mixture = with_parallel_heldout(mixture, pl.read_parquet(parallel), tok, languages=langs,
+                                        n_sentences=heldout["sentences"])
     write_packed(out, mixture)
     log(json.dumps(mixture.stats, indent=1)[:4000])
     return mixture.stats
