@@ -12,8 +12,10 @@ Definitions (docs/methods.md, "Statistics", has the formulas):
 - `bootstrap_ci`, `bootstrap_ci_indices`: percentile bootstrap (quantiles (1-level)/2 and (1+level)/2 of
   the replicate statistics, numpy's linear interpolation); the point estimate is the statistic of the
   full sample. Paired: both arms resampled with the same indices. Cluster: whole groups resampled.
-- `wilson_interval`: Wilson score interval for a binomial proportion.
-- `sign_test`: exact two-sided binomial test of the signs, ties (zero differences) dropped.
+- `wilson_interval`: Wilson score interval for a binomial proportion; `clopper_pearson_interval` the exact
+  one (dual to the exact sign test).
+- `sign_test`: exact two-sided binomial test of the signs, ties (zero differences) dropped; `sign_test_counts`
+  the same from counts, `sign_test_min_p` its smallest attainable p-value.
 - `paired_permutation_test`: random sign flips of the paired differences, statistic |mean difference|,
   exact enumeration for n <= `exact_max`.
 - `seed_spread`: mean, sample std, min, max and the Student-t interval of the mean across seeds.
@@ -230,6 +232,45 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> Interval:
     return Interval(p, lo, hi, level, n, "wilson")
 
 
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (lgamma), for 0 <= k <= n."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+            for i in range(k + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
+
+
+def clopper_pearson_interval(successes: int, n: int, level: float = 0.95) -> Interval:
+    """Exact (Clopper-Pearson) interval of the proportion successes / n: lo solves P(X >= k | lo) = (1-level)/2
+    (0 when k = 0), hi solves P(X <= k | hi) = (1-level)/2 (1 when k = n), X ~ Binomial(n, p), each by
+    bisection. It is the interval dual to the exact two-sided binomial test that doubles the smaller tail:
+    p0 = 0.5 lies outside it exactly when `sign_test_counts(k, n - k)` gives p < 1 - level."""
+    k, n = _int(successes, "successes", 0), _int(n, "n", 0)
+    if n == 0:
+        raise HybridlabError("clopper_pearson_interval needs n >= 1 trials (got n=0)")
+    if k > n:
+        raise HybridlabError(f"successes ({k}) exceed trials n ({n}); pass the number of successes and the total")
+    alpha = (1.0 - _level(level)) / 2.0
+
+    def solve(f) -> float:  # f increasing in p; the p where f(p) = alpha
+        lo, hi = 0.0, 1.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if mid in (lo, hi):
+                break
+            lo, hi = (mid, hi) if f(mid) < alpha else (lo, mid)
+        return 0.5 * (lo + hi)
+
+    lo = 0.0 if k == 0 else solve(lambda p: 1.0 - _binom_cdf(k - 1, n, p))  # P(X >= k) rises with p
+    hi = 1.0 if k == n else solve(lambda p: 2 * alpha - _binom_cdf(k, n, p))  # P(X <= k) falls with p
+    return Interval(k / n, lo, hi, level, n, "clopper-pearson")
+
+
 def _t_two_sided_mass(theta: float, df: int) -> float:
     """P(|T| < sqrt(df) tan(theta)) for Student's t with integer df (Abramowitz & Stegun 26.7.3-4)."""
     s, c = math.sin(theta), math.cos(theta)
@@ -325,12 +366,28 @@ def sign_test(diffs: Any) -> TestResult:
     """
     d = _array(diffs, "diffs")
     pos, neg = int((d > 0).sum()), int((d < 0).sum())
-    m, ties = pos + neg, int(d.size - pos - neg)
+    return sign_test_counts(pos, neg, ties=int(d.size - pos - neg))
+
+
+def sign_test_counts(n_pos: int, n_neg: int, *, ties: int = 0) -> TestResult:
+    """`sign_test` from the counts of positive and negative units (e.g. seeds classified as successes and
+    failures without a numeric difference): p = min(1, 2 * sum_{i<=min(pos, neg)} C(m, i) / 2^m), m = pos + neg."""
+    pos, neg = _int(n_pos, "n_pos", 0), _int(n_neg, "n_neg", 0)
+    ties = _int(ties, "ties", 0)
+    m = pos + neg
     if m == 0:
         return TestResult(0.0, 1.0, 0, ties, "sign test (exact)")
     k = min(pos, neg)
     tail = Fraction(sum(math.comb(m, i) for i in range(k + 1)), 2 ** m)
     return TestResult(float(pos), float(min(Fraction(1), 2 * tail)), m, ties, "sign test (exact)")
+
+
+def sign_test_min_p(m: int) -> float:
+    """The smallest p-value the exact two-sided sign test can give with m non-zero units: 2 / 2^m (all of one
+    sign), 1 for m <= 1. E.g. 0.25 with 3 seeds, 0.0625 with 5, 0.03125 with 6: below 6 units no outcome
+    reaches p < 0.05."""
+    m = _int(m, "m", 0)
+    return 1.0 if m <= 1 else float(Fraction(2, 2 ** m))
 
 
 def paired_permutation_test(a: Any, b: Any, *, n_perm: int = 10000, seed: int = 0,

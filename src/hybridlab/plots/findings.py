@@ -3,11 +3,22 @@ CI and a verdict (docs/methods.md "Findings table").
 
 One row per finding and comparison. `effect` is the point estimate (its sign convention is in `effect`'s
 definition per finding, `expected` the sign the study reports); `ci_lo` / `ci_hi` the 95 % interval named in
-`ci_over`; `verdict` = `stats.verdict(effect, ci, expected)` ("reproduced" / "contradicted" /
-"inconclusive") when the interval is across >= 2 replicate seeds. An interval over evaluation units of ONE
-seed (sentences, languages, examples) covers the evaluation sample only, not the training run, so such a
-finding is "inconclusive" with the note "one seed" whatever its interval: one seed on one machine cannot
-carry a verdict (issue 14). A finding whose arms the preset does not run is left out.
+`ci_over`; `n_seeds` the training seeds run for the arms (0 for published models, which this DAG does not
+train), `n_censored` the seeds whose tokens-to-target is censored. Verdict rules (`decide`):
+
+- arms the DAG trains: `stats.verdict(effect, ci, expected)` ("reproduced" / "contradicted" /
+  "inconclusive") when the interval is across >= 2 seeds; an interval over evaluation units of ONE
+  seed's models (sentences, languages, examples) covers the evaluation sample only, not the training run,
+  so such a row is "inconclusive" with the note "one seed";
+- fixed published models (hub analysis pairs: no training seeds, the models are the object of the
+  claim): `stats.verdict` of the evaluation-unit interval, note "fixed published models: interval over
+  <units>". A pair is the DAG's when its hybrid is named after the pair (`eval.pairs.analysis_models`
+  names a distilled student `<teacher>/<placement>-<mixer>`, its pair's name); otherwise it is published;
+- tokens to target with a censored seed (already past the target at stage 2's first evaluation, or never
+  reaching it): the censoring-aware sign test over seeds (`censored_seed_test`), else "inconclusive" with
+  a note "censored: ..." naming the seeds;
+- hybrid-vs-dense findings of a pair without a dense model: a note row (no effect, "inconclusive").
+A finding whose arms the preset does not run is left out.
 """
 
 from __future__ import annotations
@@ -24,26 +35,39 @@ from hybridlab.plots import uncertainty as U
 FA_FIRST = ("reverse_periodic", "sandwich", "interleaved_sandwich", "endpoint_spread")
 COLUMNS = {"study": pl.String, "finding": pl.String, "comparison": pl.String, "effect_definition": pl.String,
            "expected": pl.String, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
-           "ci_over": pl.String, "n_seeds": pl.Int64, "test": pl.String, "p_value": pl.Float64,
-           "verdict": pl.String, "note": pl.String, "source": pl.String}
+           "ci_over": pl.String, "n_seeds": pl.Int64, "n_censored": pl.Int64, "test": pl.String,
+           "p_value": pl.Float64, "verdict": pl.String, "note": pl.String, "source": pl.String}
 MULTI, BLD = "multilinguality", "competing learning (BLD)"
+ENGLISH = "eng_Latn"
+ALPHA = 0.05
+STUDY_STAGE2_FRACTION = 0.40  # FA-first placements reach the baseline's final loss with about 40 % of its tokens
+STUDY_LANGUAGES = (23, 26)  # languages whose loss the FA-first placement improves, of those evaluated
+FULL_ATTENTION = "full_attention"
 
 
-def decide(effect: float, lo: float, hi: float, expected: int, n_seeds: int) -> tuple[str, str]:
-    """(verdict, note): stats.verdict of the interval when it is across >= 2 seeds, else inconclusive."""
+def decide(effect: float, lo: float, hi: float, expected: int, n_seeds: int,
+           units: str | None = None) -> tuple[str, str]:
+    """(verdict, note). `units` set: fixed published models, decided from the interval over those evaluation
+    units; otherwise the seed rule: stats.verdict of an interval across >= 2 seeds, else inconclusive."""
     if effect is None or not math.isfinite(effect):
         return stats.INCONCLUSIVE, "no estimate"
+    if units:
+        return stats.verdict(effect, (lo, hi), expected), f"fixed published models: interval over {units}"
     if n_seeds < 2:
         return stats.INCONCLUSIVE, "one seed"
     return stats.verdict(effect, (lo, hi), expected), ""
 
 
 def _row(study, finding, comparison, definition, expected, effect, lo, hi, ci_over, n_seeds, test, p, source,
-         note=""):
-    v, why = decide(effect, lo, hi, expected, n_seeds)
+         note="", *, units=None, verdict=None, n_censored=0):
+    """One findings row; `verdict` given: already decided by the caller (its reason is in `note`)."""
+    if verdict is None:
+        v, why = decide(effect, lo, hi, expected, n_seeds, units)
+    else:
+        v, why = verdict, ""
     return {"study": study, "finding": finding, "comparison": comparison, "effect_definition": definition,
             "expected": "+" if expected > 0 else "-", "effect": effect, "ci_lo": lo, "ci_hi": hi, "ci_over": ci_over,
-            "n_seeds": n_seeds, "test": test, "p_value": p, "verdict": v,
+            "n_seeds": n_seeds, "n_censored": n_censored, "test": test, "p_value": p, "verdict": v,
             "note": "; ".join(x for x in (why, note) if x), "source": source}
 
 
@@ -57,26 +81,151 @@ def _sign_p(values) -> float:
     return stats.sign_test(v).p_value if v else math.nan
 
 
-# --- multilinguality ----------------------------------------------------------------------------------
+def _f(x: float) -> str:
+    return f"{x:.2f}"
+
+
+# --- multilinguality: tokens to target ----------------------------------------------------------------
+
+SUCCESS, FAILURE, TIE, UNDETERMINED = "fewer", "more", "tie", "undetermined"
+
+
+def seed_outcome(status: str, fraction: float, bound: float) -> str:
+    """Whether one seed needed fewer stage-2 tokens than the baseline (fraction < 1), from its censoring
+    status (`uncertainty.tokens_to_target_seeds`):
+    - reached: the sign of fraction - 1 ("fewer", "more" or "tie");
+    - past at stage 2's start: the fraction is at most `bound`, so "fewer" only when bound < 1; with
+      bound >= 1 the seed is "undetermined" (its true fraction may lie on either side of 1);
+    - never reached: the fraction exceeds `bound` (its last evaluation over the baseline's tokens), so
+      "more" when bound >= 1; a shorter run than the baseline's crossing is "undetermined";
+    - the baseline itself past its target at stage 2's start: "undetermined"."""
+    if status == U.REACHED:
+        return SUCCESS if fraction < 1 else FAILURE if fraction > 1 else TIE
+    if status == U.PAST_AT_START:
+        return SUCCESS if bound < 1 else UNDETERMINED
+    if status == U.NEVER:
+        return FAILURE if bound >= 1 else UNDETERMINED
+    return UNDETERMINED
+
+
+def censored_seed_test(outcomes: list[str]) -> tuple[str, float]:
+    """(verdict, p) of the censoring-aware sign test over seeds on the claim "fewer tokens than the baseline".
+
+    Each undetermined seed counts AGAINST the verdict being tested: for "reproduced" the exact two-sided
+    sign test of #fewer against #more + #undetermined must give p < ALPHA with #fewer the larger; for
+    "contradicted", #more against #fewer + #undetermined. So a never-reaching seed is a failure of the claim,
+    and a seed past the target at stage 2's start a success only when its upper bound is below 1. Ties are
+    dropped. With m seeds the smallest attainable p is 2 / 2^m (`stats.sign_test_min_p`): 0.25 with 3
+    seeds, so at least 6 seeds are needed before this test can decide anything. p is the reproduced
+    test's unless the verdict is "contradicted"."""
+    k = {o: outcomes.count(o) for o in (SUCCESS, FAILURE, UNDETERMINED)}
+    p_for = stats.sign_test_counts(k[SUCCESS], k[FAILURE] + k[UNDETERMINED]).p_value
+    p_against = stats.sign_test_counts(k[FAILURE], k[SUCCESS] + k[UNDETERMINED]).p_value
+    if p_for < ALPHA and k[SUCCESS] > k[FAILURE] + k[UNDETERMINED]:
+        return stats.REPRODUCED, p_for
+    if p_against < ALPHA and k[FAILURE] > k[SUCCESS] + k[UNDETERMINED]:
+        return stats.CONTRADICTED, p_against
+    return stats.INCONCLUSIVE, p_for
+
+
+def _seed_name(seed) -> str:
+    return "the unseeded run" if seed is None else f"seed {seed}"
+
+
+def _censoring_words(r: dict) -> str:
+    if r["status"] == U.PAST_AT_START:
+        return (f"{_seed_name(r['seed'])} already past the target at stage 2's first evaluation (stage-2 fraction "
+                f"<= {_f(r['bound'])}, an upper bound)")
+    if r["status"] == U.NEVER:
+        return (f"{_seed_name(r['seed'])} never reaches the target by its last evaluation (stage-2 fraction "
+                f"> {_f(r['bound'])}, a lower bound)")
+    return f"{_seed_name(r['seed'])}: the baseline is already past its own target at stage 2's first evaluation"
+
+
+def _versus_study(lo: float, hi: float, study: float) -> str:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return ""
+    where = "contains" if lo <= study <= hi else "lies below" if hi < study else "lies above"
+    return f"the interval {where} the study's {_f(study)}"
+
+
+def _tokens_rows(distill: pl.DataFrame, stage1: pl.DataFrame | None, baseline: str) -> list[dict]:
+    out = []
+    seeds = U.tokens_to_target_seeds(distill, stage1, baseline, level=1.0)
+    arms = seeds.filter(pl.col("placement") != baseline)
+    for (teacher, mixer, placement), g in arms.group_by(["teacher", "mixer", "placement"], maintain_order=True):
+        recs = g.sort("seed", nulls_last=True).to_dicts()
+        span = recs[0]["span"]
+        clean = [r["fraction_stage2"] for r in recs if r["status"] == U.REACHED]
+        censored = [r for r in recs if r["status"] != U.REACHED]
+        n = len(recs)
+        definition = ("fraction of the baseline's stage-2 tokens needed to reach its smoothed final held-out CE, "
+                      "minus 1 (" + ("curves read over both stages, stage-1 tokens taken off both"
+                                     if span == "stage1+2" else "stage 2 alone") + ")")
+        common = dict(study=MULTI, finding="FA-first placements reach standard periodic's final loss with fewer "
+                                           "stage-2 tokens (study: about 40 % of its tokens)",
+                      comparison=f"{teacher}/{mixer}: {placement} vs {baseline}", definition=definition,
+                      expected=-1, n_seeds=n, source="table_tokens_to_target")
+        if not censored:
+            e, lo, hi, _ = _spread(clean)
+            vs = _versus_study(lo, hi, STUDY_STAGE2_FRACTION)
+            note = (f"stage-2 fraction {_f(e)}" + (f" [{_f(lo)}, {_f(hi)}]" if math.isfinite(lo) else "")
+                    + f" (study: about {_f(STUDY_STAGE2_FRACTION)})" + (f"; {vs}" if vs else ""))
+            out.append(_row(**common, effect=e - 1.0, lo=lo - 1.0, hi=hi - 1.0, ci_over="seeds (t-interval)",
+                            test="sign test over seeds", p=_sign_p([x - 1.0 for x in clean]), note=note))
+            continue
+        outcomes = [seed_outcome(r["status"], r["fraction_stage2"], r["bound"]) for r in recs]
+        v, p = censored_seed_test(outcomes)
+        k_fewer = outcomes.count(SUCCESS)
+        parts = ["censored: " + "; ".join(_censoring_words(r) for r in censored),
+                 f"censoring-aware sign test: {k_fewer} of {n} seeds need fewer tokens, "
+                 f"{outcomes.count(UNDETERMINED)} undetermined (counted against the verdict tested)"]
+        if stats.sign_test_min_p(n) >= ALPHA:
+            parts.append(f"with {n} seeds an exact two-sided sign test cannot reach p < {ALPHA:g} (smallest p "
+                         f"{stats.sign_test_min_p(n):.3g}), so the row stays inconclusive")
+        if clean:
+            parts.append(f"stage-2 fraction of the {len(clean)} uncensored seeds: mean {_f(float(np.mean(clean)))} "
+                         f"(study: about {_f(STUDY_STAGE2_FRACTION)})")
+        out.append(_row(**common, effect=float(np.mean(clean)) - 1.0 if clean else math.nan, lo=math.nan,
+                        hi=math.nan, ci_over="none (censored seeds: no t-interval)",
+                        test="censoring-aware sign test over seeds", p=p, note="; ".join(parts), verdict=v,
+                        n_censored=len(censored)))
+    return out
+
+
+def _per_language_rows(tests: pl.DataFrame, baseline: str, english: str) -> list[dict]:
+    """Per FA-first placement: the share of non-English languages whose CE is below the baseline's."""
+    out = []
+    per_lang = tests.filter((pl.col("metric") == "ce") & ~pl.col("lang").is_in(["all", english])
+                            & pl.col("placement").is_in(list(FA_FIRST)))
+    k_study, n_study = STUDY_LANGUAGES
+    for (teacher, mixer, placement), g in per_lang.group_by(["teacher", "mixer", "placement"], maintain_order=True):
+        eff = [x for x in g["effect"].to_list() if x is not None and math.isfinite(x)]
+        better, worse = sum(x < 0 for x in eff), sum(x > 0 for x in eff)
+        m = better + worse
+        test = stats.sign_test_counts(better, worse)
+        if m:
+            ci = stats.clopper_pearson_interval(better, m)
+            effect, lo, hi = ci.estimate - 0.5, ci.lo - 0.5, ci.hi - 0.5
+        else:
+            effect = lo = hi = math.nan
+        n_seeds = int(g["n_seeds"].min())
+        note = (f"{better} of {m} non-English languages improved (study: {k_study} of {n_study}, "
+                f"{_f(k_study / n_study)})" + (f", {len(eff) - m} tied" if len(eff) > m else ""))
+        vs = _versus_study(lo + 0.5, hi + 0.5, k_study / n_study) if m else ""
+        note += (f"; {vs}" if vs else "") + f"; per-language differences averaged over {n_seeds} seed(s)"
+        out.append(_row(MULTI, "the placement gain holds per language (study: 23 of 26 languages improved)",
+                        f"{teacher}/{mixer}: {placement} vs {baseline}",
+                        "share of non-English languages whose held-out CE is below the baseline's (English "
+                        "excluded, ties dropped), minus 0.5", +1, effect, lo, hi,
+                        "languages (exact Clopper-Pearson interval of the share)", n_seeds,
+                        "sign test over languages (English excluded)", test.p_value, "table_placement_tests", note))
+    return out
 
 
 def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
-                    stage1: pl.DataFrame | None = None) -> list[dict]:
-    out = []
-    tt = U.tokens_to_target_table(distill, stage1, baseline)
-    full = tt.filter((pl.col("level") == 1.0) & (pl.col("placement") != baseline))
-    for r in full.iter_rows(named=True):
-        note = f"{r['n_below_at_start']} of {r['n_seeds']} seeds already past the target at their first evaluation " \
-               "(fraction is an upper bound)" if r["n_below_at_start"] else ""
-        if r["n_reached"] < r["n_seeds"]:
-            note = "; ".join(x for x in (note, f"{r['n_seeds'] - r['n_reached']} seeds never reach it") if x)
-        out.append(_row(MULTI, "FA-first placements reach standard periodic's final loss with fewer tokens "
-                               "(study: 34.5-42.5 % of the tokens)",
-                        f"{r['teacher']}/{r['mixer']}: {r['placement']} vs {baseline}",
-                        "fraction of the baseline's tokens to reach its smoothed final held-out CE, minus 1 "
-                        f"(curves over {'both distillation stages' if r['span'] == 'stage1+2' else 'stage 2'})",
-                        -1, r["fraction"] - 1.0, r["fraction_lo"] - 1.0, r["fraction_hi"] - 1.0,
-                        "seeds (t-interval)", r["n_reached"], "", math.nan, "table_tokens_to_target", note))
+                    stage1: pl.DataFrame | None = None, english: str = ENGLISH) -> list[dict]:
+    out = _tokens_rows(distill, stage1, baseline)
     tests = U.placement_tests_table(rows, baseline)
     pooled = tests.filter((pl.col("metric") == "ce") & (pl.col("lang") == "all"))
     for r in pooled.iter_rows(named=True):
@@ -85,14 +234,7 @@ def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
                         "token-pooled held-out CE difference (placement - baseline), nats", -1, r["effect"],
                         r["effect_lo"], r["effect_hi"], "seeds (t-interval)", r["n_seeds"],
                         "sign-flip permutation over held-out rows", r["p_perm"], "table_placement_tests"))
-    per_lang = tests.filter((pl.col("metric") == "ce") & (pl.col("lang") != "all"))
-    for (teacher, mixer, placement), g in per_lang.group_by(["teacher", "mixer", "placement"], maintain_order=True):
-        k = int((g["verdict"] == stats.REPRODUCED).sum())
-        out.append(_row(MULTI, "the placement gain holds per language", f"{teacher}/{mixer}: {placement} vs {baseline}",
-                        f"languages with a reproduced CE gain: {k} of {g.height} (effect: mean per-language "
-                        "difference, nats)", -1, float(g["effect"].mean()), math.nan, math.nan,
-                        "per-language rows in table_placement_tests", int(g["n_seeds"].min()), "", math.nan,
-                        "table_placement_tests", "no interval for the count; read the per-language verdicts"))
+    out += _per_language_rows(tests, baseline, english)
     # reverse periodic is the best placement: against every other non-baseline placement
     have = set(rows.filter(pl.col("placement").is_not_null())["placement"].unique().to_list())
     if "reverse_periodic" in have:
@@ -117,38 +259,113 @@ def _boot_over(values, seed: int = 0) -> tuple[float, float]:
     return ci.lo, ci.hi
 
 
-def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
-    from hybridlab.plots import figures
+def pair_models(table: pl.DataFrame) -> dict[str, dict[str, str | None]]:
+    """{pair: {"hybrid": model, "dense": model or None}} of an analysis table (columns pair, role, model)."""
+    out: dict[str, dict[str, str | None]] = {}
+    cols = [c for c in ("pair", "role", "model") if c in table.columns]
+    for r in table.select(cols).unique().sort(cols).iter_rows(named=True):
+        out.setdefault(r["pair"], {"hybrid": None, "dense": None})[r["role"]] = r.get("model", r["pair"])
+    return out
 
+
+def is_published(pair: str, hybrid_model: str | None) -> bool:
+    """A hub pair of published models: its hybrid is not named after the pair (a distilled student of the DAG
+    is, `eval.pairs.analysis_models`). A table without a `model` column counts as the DAG's (seed rule)."""
+    return hybrid_model is not None and hybrid_model != pair
+
+
+def _analysis_rule(pair: str, models: dict, units: str) -> dict:
+    """The verdict rule's arguments of one analysis pair: published -> interval over `units`, n_seeds 0;
+    the DAG's -> the first seed's models, n_seeds 1 (inconclusive by the seed rule)."""
+    if is_published(pair, models.get("hybrid")):
+        return {"n_seeds": 0, "units": units, "ci_over": f"{units} (bootstrap; fixed published models)"}
+    return {"n_seeds": 1, "units": None, "ci_over": f"{units} (bootstrap; first seed's models)"}
+
+
+def _no_dense_row(finding: str, pair: str, source: str, expected: int) -> dict:
+    return _row(MULTI, finding, pair, "hybrid minus dense", expected, math.nan, math.nan, math.nan, "none", 0, "",
+                math.nan, source, "skipped: the pair has no dense model (a hybrid on its own), so hybrid minus "
+                "dense is undefined", verdict=stats.INCONCLUSIVE)
+
+
+def first_fa_margins(hybrid_hidden: pl.DataFrame, metric: str) -> tuple[int | None, dict[str, float]]:
+    """(first FA hidden row, {lang: margin}) of one hybrid's hidden-state rows (columns layer, layer_type,
+    lang, `metric`). Hidden row l is decoder layer l-1's output (row 0 the embeddings) and carries its
+    type; the change at row l is delta_l = metric(l) - metric(l-1). margin = |delta_f| - max_{l != f}
+    |delta_l| at the first FA row f: positive exactly when the largest |change| across layers sits at the
+    first FA layer (0 when they are equal up to rounding, 1e-12 of the largest |change|). A language with
+    fewer than two changes gets no margin."""
+    fa = hybrid_hidden.filter(pl.col("layer_type") == FULL_ATTENTION)["layer"]
+    if fa.is_empty():
+        return None, {}
+    f = int(fa.min())
+    out = {}
+    for (lang,), g in hybrid_hidden.sort(["lang", "layer"]).group_by(["lang"], maintain_order=True):
+        layers, vals = g["layer"].to_list(), g[metric].to_list()
+        delta = {layers[i]: vals[i] - vals[i - 1] for i in range(1, len(layers)) if layers[i] == layers[i - 1] + 1}
+        if f not in delta or len(delta) < 2 or not all(math.isfinite(x) for x in delta.values()):
+            continue
+        margin = abs(delta[f]) - max(abs(x) for layer, x in delta.items() if layer != f)
+        scale = max(abs(x) for x in delta.values())
+        out[lang] = 0.0 if abs(margin) <= 1e-12 * scale else margin  # equal up to rounding: a tie, not a win
+    return f, out
+
+
+def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
     out = []
-    try:
-        first = figures.softcka_first_fa_table(softcka)
-    except HybridlabError:
-        first = None
-    if first is not None:
-        wide = first.pivot(on="role", index=["pair", "lang"], values="change")
-        if {"hybrid", "dense"} <= set(wide.columns):
-            for (pair,), g in wide.group_by(["pair"], maintain_order=True):
-                d = (g["hybrid"] - g["dense"]).to_list()
-                lo, hi = _boot_over(d)
-                out.append(_row(MULTI, "SoftCKA jumps at the first FA layer more in the hybrid than in its dense "
-                                       "partner", pair,
-                                "mean over languages of the SoftCKA change at the hybrid's first FA layer, hybrid "
-                                "minus dense", +1, float(np.mean(d)), lo, hi,
-                                "languages (bootstrap; first seed's models)", 1, "sign test over languages",
-                                _sign_p(d), "table_softcka_first_fa"))
     hid = softcka.filter(pl.col("kind") == "hidden") if "kind" in softcka.columns else softcka
-    if {"pair", "role", "lang", "cka"} <= set(hid.columns):
-        mean = hid.group_by(["pair", "role", "lang"]).agg(pl.col("cka").mean())
-        wide = mean.pivot(on="role", index=["pair", "lang"], values="cka")
-        if {"hybrid", "dense"} <= set(wide.columns):
-            for (pair,), g in wide.sort(["pair", "lang"]).group_by(["pair"], maintain_order=True):
-                d = (g["hybrid"] - g["dense"]).to_list()
+    if not {"pair", "role", "lang", "layer"} <= set(hid.columns):
+        return out
+    models = pair_models(hid)
+    views = [(m, label) for m, label in (("alignment", ""), ("cka", " (second view: sentence-set CKA)"))
+             if m in hid.columns]
+    # the largest |change| across layers sits at the hybrid's first FA layer
+    if "layer_type" in hid.columns:
+        for metric, label in views:
+            finding = "the largest SoftCKA change across layers is at the hybrid's first FA layer" + label
+            for pair in sorted(models):
+                rule = _analysis_rule(pair, models[pair], "languages")
+                h = hid.filter((pl.col("pair") == pair) & (pl.col("role") == "hybrid"))
+                f, margins = first_fa_margins(h, metric)
+                if f is None or not margins:
+                    out.append(_row(MULTI, finding, pair, "", +1, math.nan, math.nan, math.nan, "none", rule["n_seeds"],
+                                    "", math.nan, "softcka", "skipped: " + (
+                                        "the hybrid has no full-attention layer" if f is None else
+                                        "fewer than two layer-to-layer changes per language"),
+                                    verdict=stats.INCONCLUSIVE))
+                    continue
+                d = [margins[k] for k in sorted(margins)]
                 lo, hi = _boot_over(d)
-                out.append(_row(MULTI, "hybrids are less cross-lingually aligned than dense models", pair,
-                                "mean over languages and layers of SoftCKA vs English, hybrid minus dense", -1,
-                                float(np.mean(d)), lo, hi, "languages (bootstrap; first seed's models)", 1,
-                                "sign test over languages", _sign_p(d), "softcka"))
+                k = sum(x > 0 for x in d)
+                out.append(_row(MULTI, finding, pair,
+                                f"mean over languages of |change of {metric}| at the first FA layer (hidden row {f}) "
+                                "minus the largest |change| at any other layer, hybrid only", +1, float(np.mean(d)),
+                                lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages", _sign_p(d),
+                                "softcka", f"largest |change| at the first FA layer in {k} of {len(d)} languages",
+                                units=rule["units"]))
+    # hybrids are less cross-lingually aligned than their dense partners
+    for metric, label in views:
+        finding = "hybrids are less cross-lingually aligned than dense models" + label
+        mean = hid.group_by(["pair", "role", "lang"]).agg(pl.col(metric).mean())
+        for pair in sorted(models):
+            if models[pair].get("dense") is None:
+                out.append(_no_dense_row(finding, pair, "softcka", -1))
+                continue
+            rule = _analysis_rule(pair, models[pair], "languages")
+            g = mean.filter(pl.col("pair") == pair)
+            wide = g.pivot(on="role", index="lang", values=metric)
+            if not {"hybrid", "dense"} <= set(wide.columns):
+                continue
+            wide = wide.drop_nulls(["hybrid", "dense"]).sort("lang")
+            d = (wide["hybrid"] - wide["dense"]).to_list()
+            if not d:
+                continue
+            lo, hi = _boot_over(d)
+            what = ("per-pair cross-language alignment (centred cosine of each translation pair's kernel mean "
+                    "embeddings)" if metric == "alignment" else "sentence-set SoftCKA (CKA of the two N x N Grams)")
+            out.append(_row(MULTI, finding, pair, f"mean over languages and layers of the {what} vs English, hybrid "
+                            "minus dense", -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
+                            "sign test over languages", _sign_p(d), "softcka", units=rule["units"]))
     return out
 
 
@@ -156,8 +373,13 @@ def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:
     from hybridlab.plots import figures
 
     out = []
+    finding = "hybrids degrade less with context length in multilingual NIAH"
+    models = pair_models(niah)
     cells = figures.niah_cells(niah)
     for (pair,), g in cells.sort(["pair", "context_tokens"]).group_by(["pair"], maintain_order=True):
+        if models.get(pair, {}).get("dense") is None:
+            out.append(_no_dense_row(finding, pair, "niah", +1))
+            continue
         ctx = sorted(g["context_tokens"].unique().to_list())
         if len(ctx) < 2 or set(g["role"]) != {"hybrid", "dense"}:
             continue
@@ -177,11 +399,13 @@ def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:
         reps = [effect({key: rng.binomial(n, phat[key]) / n for key, (k, n) in pick.items()})
                 for _ in range(U.N_BOOT)]
         lo, hi = np.quantile(reps, [0.025, 0.975])
-        out.append(_row(MULTI, "hybrids degrade less with context length in multilingual NIAH", pair,
+        rule = _analysis_rule(pair, models[pair], "examples")
+        over = ("examples (parametric bootstrap of the four cells; "
+                + ("fixed published models)" if rule["units"] else "first seed's models)"))
+        out.append(_row(MULTI, finding, pair,
                         f"accuracy change {ctx[0]} -> {ctx[-1]} tokens, hybrid minus dense (all languages and tasks)",
-                        +1, effect(phat), float(lo), float(hi),
-                        "examples (parametric bootstrap of the four cells; first seed's models)", 1, "", math.nan,
-                        "niah"))
+                        +1, effect(phat), float(lo), float(hi), over, rule["n_seeds"], "", math.nan, "niah",
+                        units=rule["units"]))
     return out
 
 
@@ -254,10 +478,12 @@ def _bld_nl_rows(nl_runs: pl.DataFrame) -> list[dict]:
 
 def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka: pl.DataFrame, niah: pl.DataFrame,
                    retrieval_score: pl.DataFrame, bld_sr: pl.DataFrame, bld_nl: pl.DataFrame,
-                   distill_stage1: pl.DataFrame | None = None, baseline: str = "standard_periodic") -> pl.DataFrame:
+                   distill_stage1: pl.DataFrame | None = None, baseline: str = "standard_periodic",
+                   english: str = ENGLISH) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
-    spans both distillation stages when `distill_stage1` is given (`uncertainty.tokens_to_target_table`)."""
-    rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1) + _softcka_rows(softcka)
+    is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
+    (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count."""
+    rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english) + _softcka_rows(softcka)
             + _niah_rows(niah)
             + _bld_sr_rows(retrieval_score, bld_sr) + _bld_nl_rows(bld_nl))
     if not rows:

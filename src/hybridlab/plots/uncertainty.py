@@ -152,9 +152,10 @@ TARGET_LEVELS = (0.5, 0.8, 0.9, 1.0)
 
 def curve_targets(tokens, values, levels=TARGET_LEVELS, window: int = 3) -> list[float]:
     """Targets on the baseline's smoothed curve s: s_0 - q (s_0 - s_last) for each level q (q = 1: its
-    smoothed final value; q = 0.5: half of its improvement)."""
+    smoothed final value, taken as s_last itself so that rounding in s_0 - (s_0 - s_last) cannot put it
+    below the curve's own last value; q = 0.5: half of its improvement)."""
     s = stats.smooth_curve(tokens, values, window=window) if len(values) > 1 else np.asarray(values, float)
-    return [float(s[0] - q * (s[0] - s[-1])) for q in levels]
+    return [float(s[-1]) if q == 1 else float(s[0] - q * (s[0] - s[-1])) for q in levels]
 
 
 def join_stages(stage2: pl.DataFrame, stage1: pl.DataFrame) -> pl.DataFrame:
@@ -303,6 +304,81 @@ def tokens_to_target_table(runs: pl.DataFrame, stage1: pl.DataFrame | None = Non
     return df.with_columns(span=pl.lit(span)).select(
         "teacher", "mixer", "placement", "span", "level", "target", "n_seeds", "n_reached", "n_below_at_start",
         "fraction", "fraction_lo", "fraction_hi", "tokens")
+
+
+REACHED, PAST_AT_START, NEVER, BASELINE_PAST = "reached", "past_at_start", "never", "baseline_past_at_start"
+
+
+def tokens_to_target_seeds(runs: pl.DataFrame, stage1: pl.DataFrame | None = None,
+                           baseline: str = "standard_periodic", column: str = "eval/ce", level: float = 1.0,
+                           window: int = 3) -> pl.DataFrame:
+    """Per (teacher, mixer, placement, seed): tokens to the baseline's target at `level` counted on STAGE-2
+    tokens, with the seed's censoring status.
+
+    The curve is read as in `tokens_to_target_table` (both stages when `stage1` is given, so the crossing
+    is found), then stage 1 is taken apart: with x the crossing on the two-stage token axis and S the
+    run's stage-1 tokens (its stage-1 log's last count; 0 without `stage1`), the stage-2 tokens are x - S
+    and `fraction_stage2` = (x_arm - S_arm) / (x_base - S_base). `status`:
+    - "reached": the smoothed curve crosses the target after stage 2's first evaluation (a measured value);
+    - "past_at_start": it is already at/past the target at stage 2's first evaluation, smoothed (x <= S,
+      or the curve's first evaluation without `stage1`) or raw (the centred mean at that point also
+      averages stage-1 evaluations, which can hide a stage-2 start already below the target): left-censored,
+      the fraction is at most `bound`
+      = (first stage-2 evaluation's tokens - S) / baseline stage-2 tokens (0 when stage 2 starts at 0);
+    - "never": it does not reach the target by its last evaluation: right-censored, the fraction exceeds
+      `bound` = (last evaluation's tokens - S) / baseline stage-2 tokens;
+    - "baseline_past_at_start": the baseline itself reaches its target by stage 2's first evaluation, so
+      no stage-2 fraction is defined (fraction_stage2 and bound NaN).
+    `fraction_stage2` is NaN unless "reached". Columns: teacher, mixer, placement, seed, span, target,
+    tokens (two-stage axis), baseline_tokens, stage1_tokens, baseline_stage1_tokens, last_tokens,
+    fraction (two-stage, as in `tokens_to_target_table`), fraction_stage2, status, bound.
+    """
+    if column not in runs.columns:
+        raise HybridlabError(f"distill metrics lack column '{column}'; rebuild the distill_stage2 runs")
+    span, offsets = "stage2", None
+    keys = ["teacher", "mixer", "placement", "seed"]
+    if stage1 is not None:
+        runs, span = join_stages(runs, stage1), "stage1+2"
+        offsets = (_distill_columns(runs).filter(pl.col("stage") == 1).group_by(keys)
+                   .agg(stage1_tokens=pl.col("tokens").max()))
+    cols = _distill_columns(runs).filter(pl.col(column).is_not_null())
+    stage2 = cols.filter(pl.col("stage") == 2) if "stage" in cols.columns else cols
+    ends = stage2.sort("tokens").group_by(keys).agg(first_tokens=pl.col("tokens").first(),
+                                                     first_value=pl.col(column).first(),
+                                                     last_tokens=pl.col("tokens").last())
+    per = tokens_to_targets(cols, baseline, column, (level,), window).join(ends, on=keys, how="left",
+                                                                           nulls_equal=True)
+    if offsets is not None:
+        per = per.join(offsets, on=keys, how="left", nulls_equal=True).with_columns(
+            pl.col("stage1_tokens").fill_null(0.0).cast(pl.Float64))
+    else:
+        per = per.with_columns(stage1_tokens=pl.lit(0.0))
+    base = per.filter(pl.col("placement") == baseline).select("teacher", "mixer", "seed",
+                                                              baseline_stage1_tokens="stage1_tokens")
+    per = per.join(base, on=["teacher", "mixer", "seed"], how="left", nulls_equal=True)
+    rows = []
+    for r in per.sort(keys, nulls_last=True).iter_rows(named=True):
+        s_a, s_b = float(r["stage1_tokens"]), float(r["baseline_stage1_tokens"])
+        b2 = r["baseline_tokens"] - s_b if r["baseline_tokens"] is not None else math.nan
+        x = r["tokens"]
+        frac2, bound = math.nan, math.nan
+        if not (math.isfinite(b2) and b2 > 0):
+            status = BASELINE_PAST
+        elif x is None or not math.isfinite(x):
+            status, bound = NEVER, (r["last_tokens"] - s_a) / b2
+        elif r["below_at_start"] or x <= r["first_tokens"] or r["first_value"] <= r["target"]:
+            status, bound = PAST_AT_START, max(r["first_tokens"] - s_a, 0.0) / b2
+        else:
+            status, frac2 = REACHED, (x - s_a) / b2
+        rows.append({**{k: r[k] for k in keys}, "span": span, "target": r["target"], "tokens": x,
+                     "baseline_tokens": r["baseline_tokens"], "stage1_tokens": s_a, "baseline_stage1_tokens": s_b,
+                     "last_tokens": float(r["last_tokens"]), "fraction": r["fraction"], "fraction_stage2": frac2,
+                     "status": status, "bound": bound})
+    schema = {"teacher": pl.String, "mixer": pl.String, "placement": pl.String, "seed": pl.Int64, "span": pl.String,
+              "target": pl.Float64, "tokens": pl.Float64, "baseline_tokens": pl.Float64, "stage1_tokens": pl.Float64,
+              "baseline_stage1_tokens": pl.Float64, "last_tokens": pl.Float64, "fraction": pl.Float64,
+              "fraction_stage2": pl.Float64, "status": pl.String, "bound": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def final_retrieval_scores(score: pl.DataFrame) -> pl.DataFrame:
