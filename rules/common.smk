@@ -589,11 +589,8 @@ _BLD = (
 
 
 # A preset without the BLD study draws none of its figures and tables; the findings table reads what exists.
-_OPTIONAL = {"table_findings": {"retrieval_score", "bld_sr", "bld_nl"}}
-
-
 def _needs(name, needs):
-    return [n for n in needs if BLD_STUDY or n not in _OPTIONAL.get(name, ())]
+    return [n for n in needs if BLD_STUDY or n not in _registry.OPTIONAL_INPUTS.get(name, ())]
 
 
 FIGURES = {
@@ -604,6 +601,21 @@ TABLES = {
     for name, (_, needs) in _registry.TABLES.items()
     if (PAPER_PATH or not _PAPER_ONLY & set(needs)) and (BLD_STUDY or not name.startswith(_BLD))
 }
+
+def _stage_tokens(stage):
+    st = C.get("train", {}).get("distill", {}).get(stage, {})
+    if "token_budget" in st:
+        return st["token_budget"]
+    return st.get("steps", 0) * st.get("micro_batch_size", 0) * st.get("grad_accum", 1) * DATA["seq_len"]
+
+
+# The results page's preamble: what was trained on what, and how far this budget is from the study's.
+RESULTS_HEADER = (
+    f"Teacher(s): {', '.join(C['models'].get('teachers') or ['pre-trained in the DAG'])}. "
+    f"Held-out text: {'FLORES-200 ' + DATA.get('flores_split', 'devtest') + ' (never trained on)' if DATA.get('heldout') else 'the mixture validation documents'}. "
+    f"Each student: {_stage_tokens('stage1'):,} stage-1 and {_stage_tokens('stage2'):,} stage-2 tokens, against "
+    "the study's 1B: a different regime, so compare directions and sizes, not values."
+)
 
 # The Snakemake report (`snakemake --report`): every figure and table with the caption from
 # hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.

@@ -83,8 +83,34 @@ for _table in TABLES:
             R("figures", f"{_table}.md"),
 
 
+rule results_page:
+    """The build's results page: findings next to the study's numbers, distance to the teacher by stage, job times."""
+    input:
+        findings=R("figures", "table_findings.csv"),
+        gaps=R("figures", "table_kl_gaps.csv"),
+    output:
+        R("figures", "results.md"),
+    log:
+        LOG("figures", "results_page"),
+    priority: PRIORITY["figures"]
+    conda:
+        CPU_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+        gpu=0,
+    params:
+        cfg=as_json({"preset": SCALE, "header": RESULTS_HEADER}),
+        benchmarks=[R(phase, "benchmarks") for phase in ("data", "models", "train", "eval")],
+    shell:
+        "python workflow_scripts/make_results_page.py --params {params.cfg:q} --findings {input.findings} "
+        "--gaps {input.gaps} --benchmarks {params.benchmarks} --out {output} > {log} 2>&1"
+
+
 rule figures:
-    """Phase target: every figure."""
+    """Phase target: every figure, every table and the results page."""
     input:
         [R("figures", f"{f}.{ext}") for f in FIGURES for ext in ("png", "pdf")],
         [R("figures", f"{t}.{ext}") for t in TABLES for ext in ("csv", "md")],
+        R("figures", "results.md"),

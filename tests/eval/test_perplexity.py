@@ -91,3 +91,26 @@ def test_fraction_of_baseline_tokens():
         (0 + (6.0 - 4.0) / (6.0 - 3.5) * 50) / 100)
     with pytest.raises(HybridlabError, match="never reaches"):
         fraction_of_baseline_tokens(fast_t, fast_l, base_t, base_l, target_loss=1.0)
+
+
+def test_teacher_memo_reuses_the_teachers_hidden_states_and_changes_nothing():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    def qwen(seed):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(Qwen3Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                            num_key_value_heads=1, head_dim=16, intermediate_size=64)).eval()
+
+    teacher, student = qwen(0), qwen(1)
+    ids = torch.randint(0, 50, (5, 12), generator=torch.Generator().manual_seed(2))
+    langs = ["eng_Latn", "eng_Latn", "fra_Latn", "fra_Latn", "fra_Latn"]
+    calls = []
+    teacher.model.register_forward_hook(lambda *a: calls.append(1))
+    plain = evaluate_perplexity(student, ids, langs, model_name="s", teacher=teacher, batch_size=2)
+    n_plain = len(calls)
+    memo = {}
+    first = evaluate_perplexity(student, ids, langs, model_name="s", teacher=teacher, batch_size=2, teacher_memo=memo)
+    second = evaluate_perplexity(student, ids, langs, model_name="s", teacher=teacher, batch_size=2, teacher_memo=memo)
+    assert n_plain == 3 and len(calls) == 2 * n_plain  # the second memo call never ran the teacher's decoder
+    for t in (first, second):
+        assert t["ce"].to_list() == plain["ce"].to_list() and t["kl"].to_list() == plain["kl"].to_list()

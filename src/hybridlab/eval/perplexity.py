@@ -77,10 +77,11 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tables, token_tables, row_tables = [], [], []
 
-    def run(model, ids, langs, name, teacher_model=None, **cols):
+    def run(model, ids, langs, name, teacher_model=None, memo=None, **cols):
         per_row = []
         table = evaluate_perplexity(model, ids, langs, model_name=name, teacher=teacher_model,
-                                    batch_size=params["batch_size"], device=device, per_row=per_row)
+                                    batch_size=params["batch_size"], device=device, per_row=per_row,
+                                    teacher_memo=memo)
         row_tables.append(pl.DataFrame(per_row, schema=_PER_ROW_SCHEMA)
                           .with_columns(model=pl.lit(name), **{k: pl.lit(v) for k, v in cols.items()}))
         return distill.with_overall(table)
@@ -96,10 +97,11 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
                                      mixer=pl.lit(None, pl.String), seed=pl.lit(None, pl.Int64)))
         log(f"{teacher_name}: held-out CE {t['ce'][-1]:.4f}")
         students = [s for s in params["students"] if s["teacher"] == teacher_name]
+        memo: dict = {}  # the teacher's hidden states on these rows, shared by all its students
         for s in students:
             seed = s.get("seed")
             student = load_causal_lm(s["dir"], dtype=dtype).to(device)
-            table = run(student, ids, langs, f"{teacher_name}/{s['placement']}-{s['mixer']}", teacher,
+            table = run(student, ids, langs, f"{teacher_name}/{s['placement']}-{s['mixer']}", teacher, memo,
                         teacher=teacher_name, placement=s["placement"], mixer=s["mixer"], seed=seed)
             tables.append(table.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(s["placement"]),
                                              mixer=pl.lit(s["mixer"]), seed=pl.lit(seed, pl.Int64)))

@@ -772,6 +772,9 @@ CAPTIONS = {
     "table_placement_tests": "Each placement vs standard periodic per language (and pooled): token-pooled CE / KL "
                              "difference with its t-interval across seeds and its bootstrap CI over held-out rows, "
                              "paired permutation and sign tests over rows, and the verdict.",
+    "table_kl_gaps": "Held-out KL to the teacher (and CE) of every distilled student at conversion, after stage 1 and "
+                     "after stage 2, per seed; past_baseline_final marks a stage-2 start already at or below the "
+                     "standard-periodic baseline's final CE.",
     "table_tokens_to_target": "Tokens to target from smoothed distillation curves over both stages (from the "
                               "converted model): the fraction of standard periodic's tokens each placement needs "
                               "to reach 50 / 80 / 90 / 100 % of the baseline's smoothed improvement, mean and "
@@ -783,7 +786,7 @@ CAPTIONS = {
                          "across seeds (clipped to [0, 1]).",
     "table_findings": "Generated findings table: each finding of both studies, computed from the tables above, "
                       "with its effect, 95 % interval (over seeds, or over evaluation units of one seed) and verdict "
-                      "(reproduced / contradicted / inconclusive at this scale; one seed is always inconclusive).",
+                      "(reproduced / contradicted / inconclusive at this scale; docs/methods.md \"Findings table\" gives the rules).",
 }
 
 
@@ -806,6 +809,8 @@ FIGURES = {
     "fig_retrieval_heads": (retrieval_heads, ["retrieval_heads", "retrieval_heads_masking"]),
 }
 RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl")  # one metrics file per run: `<table>/<run>=path`
+# Inputs a table reads when they exist (a preset without the BLD study has none of the BLD tables).
+OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl")}
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),
     "table_kl_reduction": (kl_reduction_table, ["perplexity"]),
@@ -816,6 +821,7 @@ TABLES = {
     "table_tokens_to_target": (tokens_to_target_table, ["distill", "distill_stage1"]),
     "table_retrieval_score": (retrieval_score_table, ["retrieval_score"]),
     "table_sr_accuracy": (sr_accuracy_table, ["bld_sr"]),
+    "table_kl_gaps": (lambda *a, **k: _results_page.kl_gap_table(*a, **k), ["distill", "distill_stage1"]),
     "table_findings": (lambda *a, **k: _findings.findings_table(*a, **k),
                        ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl",
                         "distill_stage1"]),
@@ -838,16 +844,18 @@ def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.Dat
     if name not in TABLES:
         raise HybridlabError(f"unknown table '{name}'; choose one of {sorted(TABLES)}")
     fn, needs = TABLES[name]
-    missing = [t for t in needs if t not in tables]
+    missing = [t for t in needs if t not in tables and t not in OPTIONAL_INPUTS.get(name, ())]
     if missing:
         raise HybridlabError(f"table '{name}' needs tables {missing}; pass them as --tables NAME=PATH")
     accepted = inspect.signature(_TABLE_SIGNATURES.get(name, fn)).parameters
-    return fn(*[tables[t] for t in needs], **{k: v for k, v in kwargs.items() if k in accepted})
+    return fn(*[tables.get(t) for t in needs], **{k: v for k, v in kwargs.items() if k in accepted})
 
 
 from hybridlab.plots import findings as _findings  # noqa: E402  (imports this module's functions at call time)
 
-_TABLE_SIGNATURES = {"table_findings": _findings.findings_table}
+from hybridlab.plots import results_page as _results_page  # noqa: E402
+
+_TABLE_SIGNATURES = {"table_findings": _findings.findings_table, "table_kl_gaps": _results_page.kl_gap_table}
 
 
 # --- the figure and table outputs of the figures rules ---------------------------------------------------

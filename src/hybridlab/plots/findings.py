@@ -477,15 +477,19 @@ def _bld_nl_rows(nl_runs: pl.DataFrame) -> list[dict]:
 
 
 def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka: pl.DataFrame, niah: pl.DataFrame,
-                   retrieval_score: pl.DataFrame, bld_sr: pl.DataFrame, bld_nl: pl.DataFrame,
+                   retrieval_score: pl.DataFrame | None, bld_sr: pl.DataFrame | None, bld_nl: pl.DataFrame | None,
                    distill_stage1: pl.DataFrame | None = None, baseline: str = "standard_periodic",
                    english: str = ENGLISH) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
-    (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count."""
+    (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
+    are None for a preset that runs the multilinguality study alone (its BLD rows are then left out)."""
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english) + _softcka_rows(softcka)
-            + _niah_rows(niah)
-            + _bld_sr_rows(retrieval_score, bld_sr) + _bld_nl_rows(bld_nl))
+            + _niah_rows(niah))
+    if retrieval_score is not None and bld_sr is not None:
+        rows += _bld_sr_rows(retrieval_score, bld_sr)
+    if bld_nl is not None:
+        rows += _bld_nl_rows(bld_nl)
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")
     return pl.DataFrame(rows, schema=COLUMNS, orient="row")

@@ -319,10 +319,13 @@ def pooled(frame, column: str) -> float:
 
 
 def heldout_curve_metrics(student: nn.Module, teacher, input_ids_NT: torch.Tensor,
-                          langs: Sequence[str], batch_size: int = 8) -> dict[str, float]:
+                          langs: Sequence[str], batch_size: int = 8,
+                          teacher_memo: dict | None = None) -> dict[str, float]:
     """{"ce", "kl", "ce/<lang>", "kl/<lang>"} of the student on held-out rows (see module docstring).
 
     `teacher`: a module or a `Frozen` (a sharded one runs the whole evaluation inside its root call).
+    `teacher_memo`: a dict kept across the calls of one run on the same rows; it holds the unsharded
+    teacher's final hidden states so later curve points run only its head (`evaluate_perplexity`).
     """
     frozen = as_frozen(teacher)
     if frozen.sharded:
@@ -333,7 +336,7 @@ def heldout_curve_metrics(student: nn.Module, teacher, input_ids_NT: torch.Tenso
     device = next(student.parameters()).device
     _to_device(teacher, device)
     table = evaluate_perplexity(student, input_ids_NT, list(langs), model_name="student", teacher=teacher,
-                                batch_size=batch_size, device=device)
+                                batch_size=batch_size, device=device, teacher_memo=teacher_memo)
     out = {"ce": pooled(table, "ce"), "kl": pooled(table, "kl")}
     for row in table.iter_rows(named=True):
         out[f"ce/{row['lang']}"] = row["ce"]

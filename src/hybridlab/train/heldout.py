@@ -39,13 +39,16 @@ ROW_SCHEMA = {"model": pl.String, "lang": pl.String, "n_tokens": pl.Int64, "ce":
 
 
 def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, batch, chunk_tokens: int,
-                    vocab_chunk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    vocab_chunk: int | None, teacher_memo: dict | None = None,
+                    key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it.
 
-    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents``."""
+    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents``. `teacher_memo` keeps the
+    frozen teacher's final hidden states under `key`, so a teacher scored on the same rows again (every
+    student, every curve point) runs only its head."""
     from hybridlab.data.packing import split_batch
     from hybridlab.train.losses import token_kl_chunked, token_nll_chunked
-    from hybridlab.train.tasks import logits_side, next_token_labels
+    from hybridlab.train.tasks import final_hidden, lm_head_side, logits_side, next_token_labels, projects_logits
 
     # Every position is scored (the last against a dummy target) and then dropped: no side is sliced.
     ids_BT = split_batch(batch)[0]
@@ -55,14 +58,21 @@ def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, batch, chunk_to
     nll_BT = token_nll_chunked(side, next_token_labels(batch, ignore_index=0), chunk_tokens, vocab_chunk)
     if teacher is None:
         return nll_BT[:, :-1].float(), None
-    kl_BT = token_kl_chunked(logits_side(teacher, batch, use_cache=False), side, chunk_tokens, vocab_chunk)
+    if teacher_memo is not None and projects_logits(teacher):
+        if key not in teacher_memo:
+            teacher_memo[key] = final_hidden(teacher, batch)
+        teacher_side = lm_head_side(teacher, teacher_memo[key])
+    else:
+        teacher_side = logits_side(teacher, batch, use_cache=False)
+    kl_BT = token_kl_chunked(teacher_side, side, chunk_tokens, vocab_chunk)
     return nll_BT[:, :-1].float(), kl_BT[:, :-1].float()
 
 
 def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequence[str], *,
                         model_name: str, teacher: nn.Module | None = None, pad_id: int | None = None,
                         batch_size: int = 8, device: str | torch.device | None = None, chunk_tokens: int = 1024,
-                        vocab_chunk: int | None = None, per_row: list | None = None) -> pl.DataFrame:
+                        vocab_chunk: int | None = None, per_row: list | None = None,
+                        teacher_memo: dict | None = None) -> pl.DataFrame:
     """Tidy rows (model, lang, n_tokens, ce, ppl, kl) over packed rows [N, T]; kl is null without a teacher.
 
     ``input_ids`` may be ``hybridlab.data.packing.Documents``: both models then run document-masked and
@@ -70,6 +80,9 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
 
     `per_row` (a list) receives one dict per input row: row (its index), lang, n_tokens, ce and kl (that
     row's token means; kl None without a teacher), the units of the bootstrap CIs and paired tests.
+
+    `teacher_memo` (a dict the caller keeps): the teacher's final hidden states of each batch are kept in
+    it and reused by later calls on the same `input_ids` and `batch_size` (the teacher is frozen).
 
     Transformers causal LMs are scored from their final hidden states chunk by chunk
     (`hybridlab.train.tasks.logits_side`, `chunk_tokens` rows x `vocab_chunk` columns of logits at a
@@ -97,7 +110,8 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
             # no_grad, not inference_mode: inside a sharded run FSDP's gathered parameters would become
             # inference tensors, which the training step's next all-gather may not write into.
             with torch.no_grad():
-                nll_BT, kl_BT = _chunked_nll_kl(model, teacher, batch, chunk_tokens, vocab_chunk)
+                nll_BT, kl_BT = _chunked_nll_kl(model, teacher, batch, chunk_tokens, vocab_chunk, teacher_memo,
+                                                (b0, batch_size))
             keep_BT = (ids_BT[:, 1:] != pad_id) if pad_id is not None else torch.ones_like(nll_BT, dtype=torch.bool)
             keep_BT = keep_BT & in_document_targets(batch)[:, :-1]
             for r, lang in enumerate(langs[b0:b0 + batch_size]):

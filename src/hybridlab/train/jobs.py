@@ -239,9 +239,11 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
           f"{cfg.batch_size} x {seq_len} tokens, eval every {every['eval']} updates")
 
     eval_ids, eval_langs = D.heldout_rows(val_set, params["eval_rows_per_language"])
+    teacher_memo: dict = {}  # the frozen teacher's hidden states on the held-out rows, computed once
 
     def eval_fn(m, step):
-        out = D.heldout_curve_metrics(m, frozen_teacher, eval_ids, eval_langs, params["eval_batch_size"])
+        out = D.heldout_curve_metrics(m, frozen_teacher, eval_ids, eval_langs, params["eval_batch_size"],
+                                      teacher_memo)
         if stage == 1:
             out["align"] = task.heldout_alignment(m, eval_ids, params["eval_batch_size"])
             task.clear()

@@ -1,0 +1,142 @@
+"""The results page of a build: each multilinguality finding next to the study's number, and how far the
+students are from their teacher at each distillation stage.
+
+Two pieces:
+
+* `kl_gap_table(distill, distill_stage1)`: per placement and seed, the held-out KL to the teacher (and CE)
+  at conversion (stage 1's evaluation before its first update), after stage 1 (its last evaluation) and
+  after stage 2 (stage 2's last), with the stage-2 start flagged when it is already at or below the
+  standard-periodic baseline's final CE: then "tokens to the baseline's loss" measures conversion and
+  stage 1, not stage 2.
+* `results_markdown(...)`: a Markdown page from the findings table, the KL-gap table, the job times
+  (Snakemake's benchmark files) and the preset's name; written by the `results_page` rule.
+
+The study's numbers are the published ones (FA-first placements reach the baseline's final loss with about
+40 % of its tokens; reverse periodic within 0.01 nat of its teacher and about 10 % closer than the other
+placements; 23 of 26 languages improved); a CPU budget of tens of thousands of tokens is a different regime
+from the study's billion, and the page says so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+
+from hybridlab.errors import HybridlabError
+
+STAGES = ("conversion", "stage1", "stage2")
+GAP_SCHEMA = {"teacher": pl.String, "placement": pl.String, "seed": pl.Int64, "stage": pl.String,
+              "tokens": pl.Int64, "kl": pl.Float64, "ce": pl.Float64, "past_baseline_final": pl.Boolean}
+
+
+def _split_run(run: str) -> tuple[str, str]:
+    """`<teacher>/<placement>-<mixer>` -> (teacher, placement-mixer)."""
+    teacher, _, student = run.rpartition("/")
+    return teacher, student
+
+
+def _evals(df: pl.DataFrame) -> pl.DataFrame:
+    need = {"run", "seed", "tokens", "eval/kl", "eval/ce"}
+    missing = need - set(df.columns)
+    if missing:
+        raise HybridlabError(f"distillation metrics lack columns {sorted(missing)}; rebuild the distill rules")
+    return df.filter(pl.col("eval/kl").is_not_null()).sort(["run", "seed", "tokens"])
+
+
+def kl_gap_table(distill: pl.DataFrame, distill_stage1: pl.DataFrame,
+                 baseline: str = "standard_periodic") -> pl.DataFrame:
+    """Held-out KL / CE to the teacher at conversion, after stage 1 and after stage 2 (see module docstring)."""
+    s1, s2 = _evals(distill_stage1), _evals(distill)
+    rows = []
+    for (run, seed), g in s1.group_by(["run", "seed"], maintain_order=True):
+        teacher, student = _split_run(run)
+        first, last = g.row(0, named=True), g.row(-1, named=True)
+        rows.append((teacher, student, seed, "conversion", first["tokens"], first["eval/kl"], first["eval/ce"]))
+        rows.append((teacher, student, seed, "stage1", last["tokens"], last["eval/kl"], last["eval/ce"]))
+    base_final = {}
+    for (run, seed), g in s2.group_by(["run", "seed"], maintain_order=True):
+        teacher, student = _split_run(run)
+        last = g.row(-1, named=True)
+        rows.append((teacher, student, seed, "stage2", last["tokens"], last["eval/kl"], last["eval/ce"]))
+        if student.startswith(baseline + "-"):
+            base_final[(teacher, student.removeprefix(baseline + "-"), seed)] = last["eval/ce"]
+    starts = {}
+    for (run, seed), g in s2.group_by(["run", "seed"], maintain_order=True):
+        teacher, student = _split_run(run)
+        starts[(teacher, student, seed)] = g.row(0, named=True)["eval/ce"]
+    out = []
+    for teacher, student, seed, stage, tokens, kl, ce in rows:
+        mixer = student.rpartition("-")[2]
+        target = base_final.get((teacher, mixer, seed))
+        start = starts.get((teacher, student, seed))
+        past = None if target is None or start is None else bool(start <= target)
+        out.append({"teacher": teacher, "placement": student, "seed": seed, "stage": stage, "tokens": tokens,
+                    "kl": kl, "ce": ce, "past_baseline_final": past if stage == "stage2" else None})
+    order = {s: i for i, s in enumerate(STAGES)}
+    return (pl.DataFrame(out, schema=GAP_SCHEMA)
+            .with_columns(pl.col("stage").replace_strict(order, return_dtype=pl.Int64).alias("_o"))
+            .sort(["teacher", "placement", "seed", "_o"]).drop("_o"))
+
+
+def _fmt(x, digits=3) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def _md(df: pl.DataFrame) -> str:
+    cols = df.columns
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.iter_rows():
+        lines.append("| " + " | ".join(_fmt(v) if isinstance(v, float) else ("" if v is None else str(v))
+                                       for v in r) + " |")
+    return "\n".join(lines)
+
+
+def job_times(bench_files: list[str | Path]) -> pl.DataFrame:
+    """Wall seconds per job from Snakemake benchmark files (`<phase>/benchmarks/<job>.tsv`), longest first."""
+    rows = []
+    for f in bench_files:
+        f = Path(f)
+        df = pl.read_csv(f, separator="\t")
+        rows.append({"job": f.stem, "phase": f.parent.parent.parent.name, "seconds": float(df["s"][0])})
+    if not rows:
+        return pl.DataFrame(schema={"job": pl.String, "phase": pl.String, "seconds": pl.Float64})
+    return pl.DataFrame(rows).sort("seconds", descending=True)
+
+
+def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataFrame, *, scale: str,
+                     header: str = "") -> str:
+    """The results page (see module docstring)."""
+    multi = findings.filter(pl.col("study") == "multilinguality")
+    narrow = multi.select(
+        "finding", "comparison",
+        pl.struct("effect", "ci_lo", "ci_hi").map_elements(
+            lambda r: "" if r["effect"] is None else f"{r['effect']:.3f} [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]",
+            return_dtype=pl.String).alias("effect [95 % CI]"),
+        "n_seeds", "verdict", "note")
+    summary = (gaps.group_by(["placement", "stage"], maintain_order=True)
+               .agg(pl.len().alias("seeds"), pl.col("kl").mean().alias("kl_mean"), pl.col("kl").min().alias("kl_min"),
+                    pl.col("kl").max().alias("kl_max"), pl.col("ce").mean().alias("ce_mean")))
+    past = gaps.filter(pl.col("stage") == "stage2", pl.col("past_baseline_final").fill_null(False),
+                       ~pl.col("placement").str.starts_with("standard_periodic"))
+    parts = [f"# Results of the `{scale}` build", ""]
+    if header:
+        parts += [header.strip(), ""]
+    parts += ["## Findings next to the study", "",
+              "Verdicts follow docs/methods.md \"Findings table\": a row is reproduced or contradicted only when "
+              "its interval decides it; censored or one-seed rows are inconclusive.", "", _md(narrow), "",
+              "## Distance to the teacher by stage", "",
+              "Held-out KL(teacher || student) and CE (nats per token) on the held-out rows used for the curves: "
+              "at conversion (before any update), after stage 1 and after stage 2; mean, min and max over seeds.",
+              "", _md(summary), ""]
+    if past.height:
+        names = ", ".join(sorted({f"{r['placement']} (seed {r['seed']})" for r in past.iter_rows(named=True)}))
+        parts += [f"**Already past the baseline at stage 2's start:** {names} start stage 2 at or below the "
+                  "standard-periodic baseline's final held-out CE. For them, tokens to the baseline's loss is a "
+                  "finding about conversion and stage 1, not about stage 2.", ""]
+    if times.height:
+        total = float(times["seconds"].sum())
+        parts += ["## Job times", "", f"{times.height} jobs, {total / 60:.1f} CPU-job minutes in all (jobs run "
+                  "side by side, so the build's wall time is shorter).", "", _md(times.head(15)), ""]
+    return "\n".join(parts)

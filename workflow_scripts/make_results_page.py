@@ -1,0 +1,33 @@
+"""Write the build's results page (Markdown): the multilinguality findings next to the study's numbers, the
+students' distance to the teacher by stage, and the job times (`hybridlab.plots.results_page`)."""
+
+from pathlib import Path
+
+import _common
+
+PARAMS = """--params keys: preset (the scale), header (Markdown placed under the title: model, data, regime)"""
+
+
+def main() -> None:
+    p = _common.parser(__doc__, PARAMS)
+    p.add_argument("--findings", required=True, help="table_findings.csv")
+    p.add_argument("--gaps", required=True, help="table_kl_gaps.csv")
+    p.add_argument("--benchmarks", nargs="*", default=[], help="Snakemake benchmark directories (job times)")
+    p.add_argument("--out", required=True, help="the page (results.md)")
+    args = p.parse_args()
+    params = _common.load_params(args.params)
+
+    import polars as pl
+
+    from hybridlab.atomic import write_text
+    from hybridlab.plots.results_page import job_times, results_markdown
+
+    files = sorted(f for d in args.benchmarks for f in Path(d).glob("*.tsv"))
+    page = results_markdown(pl.read_csv(args.findings), pl.read_csv(args.gaps), job_times(files),
+                            scale=params["preset"], header=params.get("header", ""))
+    write_text(args.out, page)
+    print(f"results page -> {args.out}")
+
+
+if __name__ == "__main__":
+    _common.run(main)
