@@ -5,7 +5,7 @@ pass/fail rules are tested without running anything. Every key is present whatev
 value that was not measured is null, with a `reason` next to it. Non-finite floats become null (the
 line stays strict JSON).
 
-Targets (issue 12): `distill_mfu_qwen3_4b` (MFU >= 0.40 at 4B shapes) and `plan_within_15pct_<model>`
+Targets: `distill_mfu_qwen3_4b` (MFU >= 0.40 at 4B shapes) and `plan_within_15pct_<model>`
 (|plan estimate - measured peak| / measured peak <= 0.15). Checks: every kernel row within its
 tolerances, the CUDA tests without failures, the pipeline finished, every distillation and NIAH run
 measured (an OOM counts as measured: it is a result). `pass` is true only if every target and check

@@ -1,4 +1,4 @@
-"""GPU acceptance (issue 12, deliverable 6): kernels, pipeline, distillation step and NIAH generation on one GPU.
+"""GPU acceptance: kernels, pipeline, distillation step and NIAH generation on one GPU.
 
     bash benchmarks/gpu_acceptance.sh [--dry-run] [--out FILE] [--peak-tflops X] [--only STAGE ...]
 
@@ -20,12 +20,12 @@ finished measurements kept; skipped with a reason when too little of the total `
 
 `--dry-run` runs every stage on the CPU at miniature shapes (tiny configs, T=64; the kernel stage
 compares the CPU op with the naive recurrence, the pipeline stage lists the DAG with `snakemake -n`)
-and prints the same keys. Targets (issue 12): distillation >= 40 % MFU at 4B shapes (MFU against the
+and prints the same keys. Targets: distillation >= 40 % MFU at 4B shapes (MFU against the
 GPU's bf16 dense peak, `_acceptance_report.PEAK_BF16_TFLOPS` by device name or `--peak-tflops`; the dry
 run uses the measured fp32 matmul throughput) and the memory plan within 15 % of the measured peak.
 They are reported as pass/fail (`_acceptance_report.build`), never asserted. stdout carries exactly
 one line, the JSON report (also written to `--out`); progress goes to stderr. The exit status is 0
-whenever the report was written: pass/fail is in the report. See docs/performance.md.
+whenever the report was written: pass/fail is in the report. See docs/cluster.md, "GPU acceptance".
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU acceptance of issue 12 (deliverable 6): one command, at most 8 minutes on one GPU, no network;
+# GPU acceptance: one command, at most 8 minutes on one GPU, no network;
 # ends with one JSON line on stdout (also written to --out FILE). On a CPU machine: --dry-run.
 #   bash benchmarks/gpu_acceptance.sh [--dry-run] [--out FILE] [--peak-tflops X] [--only STAGE ...]
-# Python: $PYTHON if set, else the project's .venv, else python3. See docs/performance.md.
+# Python: $PYTHON if set, else the project's .venv, else python3. See docs/cluster.md, "GPU acceptance".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1

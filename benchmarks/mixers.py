@@ -18,7 +18,7 @@ Contenders run interleaved, round after round, so background load hits them alik
 time is the median over rounds after one warm-up round (the JSON also has the minimum), and each
 speed-up is the ratio of those medians. The per-round ratios (same round, back to back) are printed
 as a range and kept in the JSON, so a run shows how much the machine moved under it: on the 2-core
-development machine single runs of the GDN comparison ranged 3.7-4.8x while the median of runs was 4.2x
+2-core AMD EPYC (Zen 5) machine single runs of the GDN comparison ranged 3.7-4.8x while the median of runs was 4.2x
 (fla's naive chunk alone swings 140-170 ms with the page faults of its autograd graph). Other
 processes on the machine distort the ratios (every op is an OpenMP barrier that waits for a
 descheduled thread), so compare on an otherwise idle machine. It also measures this machine's fp32 matmul
@@ -62,7 +62,7 @@ TARGETS = {  # minimum fwd+bwd speed-ups asked of the hybridlab ops
     ("kda", "fla_naive_chunk"): 3.0,
     ("gla", "fla_naive_recurrent"): 3.0,
 }
-SHARE_TARGETS = {"gdn": 0.40, "kda": 0.30, "gla": 0.30}  # minimum fwd+bwd share of matmul throughput (issue 16)
+SHARE_TARGETS = {"gdn": 0.40, "kda": 0.30, "gla": 0.30}  # minimum fwd+bwd share of matmul throughput
 
 
 def transformers_fallback():
@@ -151,7 +151,7 @@ def bench_op(kind: str, reps: int, peak_gflops: float, gdn_chunk: int) -> dict:
         del inputs["beta"]
     fns = contenders(kind, gdn_chunk)
     times = {name: {"fwd": [], "fwdbwd": []} for name in fns}
-    for round_idx in range(reps + 1):  # round 0 is the warm-up
+    for round_idx in range(reps + 1):  # the first round is the warm-up
         for name, fn in fns.items():
             fwd, fwdbwd = time_once(fn, inputs, False), time_once(fn, inputs, True)
             if round_idx:

@@ -44,7 +44,7 @@ from hybridlab.eval.capture import capture_hidden_states
 from hybridlab.eval.softcka import _distinct_rows, rff_sentence_gram, sentence_gram, soft_cka
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_RATIO_EXACT = 2.0  # issue 16: SoftCKA exact <= 2x the model's forward
+TARGET_RATIO_EXACT = 2.0  # target: SoftCKA exact <= 2x the model's forward (docs/performance.md)
 
 
 def padded_batches(ids: list[list[int]], batch_size: int, pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -43,8 +43,8 @@ FLOPs counted (2 per multiply-add; "useful" work only, nothing the implementatio
 - `spaced_retrieval`: each micro-batch runs one forward per sequence length (`by_length`), so its
   FLOPs are summed over the real lengths; its tokens are the non-padding tokens.
 
-Targets (issue #4): teacher step >= 35 % and hybrid student step >= 25 % of the matmul throughput.
-Why a target is met or missed on this CPU (issue #16): after the table, each of these two steps' `nn.Linear`
+Targets: teacher step >= 35 % and hybrid student step >= 25 % of the matmul throughput (docs/performance.md).
+Why a target is met or missed on this CPU: after the table, each of these two steps' `nn.Linear`
 GEMMs are timed alone at the step's own shapes (`linear_gemm_time`): their rate against the reference, the
 part of the update they take at that rate, and, for a missed target, how much faster the rest of the update
 (attention, mixers, element-wise work, optimiser, overhead) would have to be.
@@ -78,7 +78,7 @@ from hybridlab.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("teacher", "student", "spaced_retrieval")
-TARGETS = {"teacher": 0.35, "student": 0.25}  # minimum MFU asked by the issue
+TARGETS = {"teacher": 0.35, "student": 0.25}  # minimum MFU (docs/performance.md, "Targets")
 STUDENT_PLACEMENT, STUDENT_MIXER = "standard_periodic", "gdn"
 
 
