@@ -118,6 +118,7 @@ rule eval_perplexity:
                 ],
                 "rows_per_language": C["train"]["distill"]["table_rows_per_language"],
                 "batch_size": C["train"]["distill"]["eval_batch_size"],
+                **({"dtype": C["train"]["distill"]["eval_dtype"]} if "eval_dtype" in C["train"]["distill"] else {}),
                 "baseline_placement": C["experiments"]["distill"]["baseline_placement"],
                 # each teacher and its students are evaluated on the mixture of the teacher's tokenizer
                 "mixtures": {t: mixture_dir(teacher_tok(t), "multilingual") for t in TEACHERS},

@@ -1,9 +1,10 @@
 """Copy a generated findings table into the README between its markers (hybridlab.plots.findings).
 
-    python workflow_scripts/readme_findings.py --table results/figures/tiny/table_findings.md --readme README.md
+    python workflow_scripts/readme_findings.py --table results/figures/tiny/table_findings.csv --readme README.md
 
-The README then shows the table exactly as `table_findings` produced it (after `make all`); nothing is
-typed by hand. Idempotent: a second run with the same table changes nothing.
+A `.csv` table is spliced as its narrow view (finding, comparison, effect with interval, seeds, verdict,
+note: `findings.narrow_markdown`); a `.md` table exactly as `table_findings` wrote it. Nothing is typed by
+hand. Idempotent: a second run with the same table changes nothing.
 """
 
 import argparse
@@ -27,7 +28,15 @@ def main() -> None:
                              "scale=<preset>")
     if not readme.is_file():
         raise HybridlabError(f"{readme} does not exist; pass --readme with the file holding the findings markers")
-    new = splice_into(readme.read_text(), table.read_text(), str(table))
+    if table.suffix == ".csv":
+        import polars as pl
+
+        from hybridlab.plots.findings import narrow_markdown
+
+        body = narrow_markdown(pl.read_csv(table))
+    else:
+        body = table.read_text()
+    new = splice_into(readme.read_text(), body, str(table))
     if new != readme.read_text():
         readme.write_text(new)
         print(f"{readme}: findings table replaced from {table}")

@@ -398,6 +398,8 @@ class DistillTrain:
     eval_rows_per_language: PosInt = req("held-out rows per language for the curves")
     table_rows_per_language: int | None = req("held-out rows per language for the perplexity table "
                                               "(null: all)", minimum=1)
+    eval_dtype: Literal["float32", "bfloat16"] = opt(
+        UNSET, "dtype of the models in the perplexity table (absent: bfloat16 on CUDA, float32 on CPU)")
     eval_batch_size: PosInt = req("rows per evaluation batch")
     kl_chunk_tokens: PosInt = req("rows per chunk of the chunked KL (bounds logit memory)")
     kl_vocab_chunk: int | None = req("vocabulary columns per KL chunk (null: the whole vocabulary)", minimum=1)

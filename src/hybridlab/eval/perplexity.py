@@ -54,8 +54,8 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     `mixture`: the packed multilingual mixture directory; `params.mixtures` ({teacher: directory}) overrides
     it per teacher (a teacher and its students read the mixture of the teacher's own tokenizer).
     `params`: `teachers` ({name: model directory}), `students` (dicts with teacher, placement, mixer, dir,
-    optional seed), `rows_per_language`, `batch_size`, `baseline_placement`, optional `mixtures`. On CUDA
-    (the default device when there is one) models run in bfloat16, else float32.
+    optional seed), `rows_per_language`, `batch_size`, `baseline_placement`, optional `mixtures` and `dtype`
+    (float32 | bfloat16; absent: bfloat16 on CUDA, the default device when there is one, else float32).
 
     - perplexity: one row per model x language of CE / perplexity / KL-to-teacher (`evaluate_perplexity`)
       on the first `rows_per_language` held-out rows of each language, plus a lang="all" row per model
@@ -74,7 +74,9 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     from hybridlab.train import distill
 
     device = resolve_device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    dtype = _dtypes[params["dtype"]] if params.get("dtype") else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
     tables, token_tables, row_tables = [], [], []
 
     def run(model, ids, langs, name, teacher_model=None, memo=None, **cols):

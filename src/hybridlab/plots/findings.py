@@ -496,6 +496,24 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
 
 
 BEGIN, END = "<!-- findings table: generated, begin -->", "<!-- findings table: generated, end -->"
+NARROW = ("finding", "comparison", "effect [95 % CI]", "n_seeds", "verdict", "note")
+
+
+def _num(x) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
+
+
+def narrow_markdown(table: pl.DataFrame, study: str | None = None) -> str:
+    """The findings table's narrow view as Markdown: finding, comparison, effect with its interval, seeds,
+    verdict and note (the full table stays in the generated file); only `study`'s rows when given."""
+    if study is not None:
+        table = table.filter(pl.col("study") == study)
+    lines = ["| " + " | ".join(NARROW) + " |", "|" + "---|" * len(NARROW)]
+    for r in table.iter_rows(named=True):
+        effect = "" if r["effect"] is None else f"{_num(r['effect'])} [{_num(r['ci_lo'])}, {_num(r['ci_hi'])}]"
+        cells = [r["finding"], r["comparison"], effect, str(r["n_seeds"]), r["verdict"], r["note"] or ""]
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def splice_into(text: str, table_md: str, source: str) -> str:

@@ -108,13 +108,7 @@ def job_times(bench_files: list[str | Path]) -> pl.DataFrame:
 def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataFrame, *, scale: str,
                      header: str = "") -> str:
     """The results page (see module docstring)."""
-    multi = findings.filter(pl.col("study") == "multilinguality")
-    narrow = multi.select(
-        "finding", "comparison",
-        pl.struct("effect", "ci_lo", "ci_hi").map_elements(
-            lambda r: "" if r["effect"] is None else f"{r['effect']:.3f} [{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}]",
-            return_dtype=pl.String).alias("effect [95 % CI]"),
-        "n_seeds", "verdict", "note")
+    from hybridlab.plots.findings import narrow_markdown
     summary = (gaps.group_by(["placement", "stage"], maintain_order=True)
                .agg(pl.len().alias("seeds"), pl.col("kl").mean().alias("kl_mean"), pl.col("kl").min().alias("kl_min"),
                     pl.col("kl").max().alias("kl_max"), pl.col("ce").mean().alias("ce_mean")))
@@ -125,7 +119,8 @@ def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataF
         parts += [header.strip(), ""]
     parts += ["## Findings next to the study", "",
               "Verdicts follow docs/methods.md \"Findings table\": a row is reproduced or contradicted only when "
-              "its interval decides it; censored or one-seed rows are inconclusive.", "", _md(narrow), "",
+              "its interval decides it; censored or one-seed rows are inconclusive.", "",
+              narrow_markdown(findings, "multilinguality"),
               "## Distance to the teacher by stage", "",
               "Held-out KL(teacher || student) and CE (nats per token) on the held-out rows used for the curves: "
               "at conversion (before any update), after stage 1 and after stage 2; mean, min and max over seeds.",
