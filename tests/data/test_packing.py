@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 import torch
 
-from hybridlab.data.packing import PackedDataset, pack_documents, pack_mixture, write_packed
+from hybridlab.data.packing import PackedDataset, pack_documents, pack_mixture, with_parallel_heldout, write_packed
 from hybridlab.data.tokenizer import train_bpe
 from hybridlab.errors import HybridlabError
 
@@ -285,3 +285,30 @@ def test_stream_to_disk_long_documents_and_short_stream(tmp_path):
         pack_stream_to_disk(iter(texts), IdTokenizer(), tmp_path / "b", lang="eng_Latn", seq_len=4,
                             train_tokens=32, val_fraction=0.0, seed=0, block_rows=1)
     assert not (tmp_path / "b" / "tokens.npy.tmp").exists()
+
+
+def test_parallel_heldout_rows_hold_whole_sentences_and_never_training_text():
+    # parallel sentence i of a language is its base id + 500 + i repeated (3 + i % 4) times
+    par = pl.DataFrame([{"sid": i + 1, "lang": lang, "text": " ".join([str(LANG_BASE[lang] + 500 + i)] * (3 + i % 4)),
+                         "source": "flores"} for lang in ("eng_Latn", "fra_Latn") for i in range(40)])
+    packed = pack_mixture(_corpus({"eng_Latn": 30, "fra_Latn": 30, "tel_Telu": 30}), IdTokenizer(),
+                          **{**KW, "val_fraction": 0.0})
+    out = with_parallel_heldout(packed, par, IdTokenizer(), languages=["eng_Latn", "fra_Latn"], n_sentences=7)
+    train = out.tokens_NS[(out.meta["split"] == "train").to_numpy()]
+    val = out.tokens_NS[(out.meta["split"] == "val").to_numpy()]
+    np.testing.assert_array_equal(train, packed.tokens_NS)  # the training rows are untouched
+    assert np.isin(val[val > 0] % 1000, np.arange(500, 540)).all()  # held-out rows: parallel text only
+    assert not np.isin(train % 1000, np.arange(500, 540)).any()  # no parallel sentence in training
+    # eng: sentences 0..6 take 3+4+5+6+3+4+5 tokens + 7 EOS = 37 -> 2 rows of 32; with EOS the sentences end
+    # at 4, 9, 15, 22, 26, 31, 37, 44, 48, 53, 59, 66: 11 lie whole inside the 64 tokens
+    info = out.stats["heldout"]["languages"]["eng_Latn"]
+    assert (info["rows"], info["sentences"]) == (2, 11)
+    eng_val = val[:2].reshape(-1)
+    expected = [t for i in range(12) for t in [LANG_BASE["eng_Latn"] + 500 + i] * (3 + i % 4) + [0]][:64]
+    assert eng_val.tolist() == expected
+    assert out.meta.filter(pl.col("split") == "val")["lang"].to_list() == ["eng_Latn"] * 2 + ["fra_Latn"] * 2
+    with pytest.raises(HybridlabError, match="replace the mixture's val rows"):
+        with_parallel_heldout(pack_mixture(_corpus({"eng_Latn": 30, "fra_Latn": 30, "tel_Telu": 30}), IdTokenizer(),
+                                           **KW), par, IdTokenizer(), languages=["eng_Latn"], n_sentences=3)
+    with pytest.raises(HybridlabError, match="fewer than the 50 held-out sentences"):
+        with_parallel_heldout(packed, par, IdTokenizer(), languages=["fra_Latn"], n_sentences=50)

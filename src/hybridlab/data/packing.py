@@ -299,7 +299,7 @@ def with_parallel_heldout(mixture: PackedMixture, parallel_df: pl.DataFrame, tok
         if len(texts) < n_sentences:
             raise HybridlabError(f"packing: the parallel corpus has {len(texts)} sentences of {lang}, fewer than "
                                  f"the {n_sentences} held-out sentences asked for; lower data.heldout.sentences")
-        docs = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        docs = tokenizer(texts, add_special_tokens=False)["input_ids"]
         ends = np.cumsum([len(d) + 1 for d in docs])
         n_rows = -(-int(ends[n_sentences - 1]) // seq_len)
         k = min(len(docs), int(np.searchsorted(ends, n_rows * seq_len)) + 1)
