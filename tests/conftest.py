@@ -9,7 +9,7 @@ import pytest
 from hybridlab.heap import retain_freed_memory
 from smoke import build, make_smoke_repo
 
-# Tests import their helpers from tests/smoke.py, never from this file (issue #15): fixtures only here.
+# Tests import their helpers from tests/smoke.py, never from this file: fixtures only here.
 
 # Under pytest-xdist (`make test` runs `pytest -n 2`), a session or module fixture runs once in every
 # worker that runs a test needing it. So tests are sent in whole groups (scheduler below): the files
@@ -18,7 +18,7 @@ from smoke import build, make_smoke_repo
 # e.g. test_fsdp.py's torchrun runs, run once). Longest first: the smoke group, then the rehearsal (its own
 # repository, so it builds on the other worker meanwhile), then the next longest files, then the rest.
 DAG_GROUP = "smoke-dag"
-LONG_FILES = ["test_rehearsal.py", "test_fsdp.py", "test_gpu_acceptance.py"]
+LONG_FILES = ["test_rehearsal.py", "test_real_checkpoint.py", "test_fsdp.py", "test_gpu_acceptance.py"]
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
