@@ -59,6 +59,20 @@ def test_dry_run_lists_every_phase(dry_run, scale):
     assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
+def test_real_preset_runs_the_multilinguality_study_on_the_gguf_teacher(dry_run):
+    """Two seeds for the periodic placements, one for the other three; no BLD job; the GGUF teacher is
+    converted (not fetched, not pre-trained) and its tokenizer read from the converted directory."""
+    from smoke import dry_run_all
+
+    counts = dry_run("real")
+    assert counts["convert"] == counts["distill_stage1"] == counts["distill_stage2"] == 2 + 2 + 1 + 1 + 1
+    assert counts["teacher"] == 1 and counts["results_page"] == 1
+    assert not {"bld_sr", "bld_nl", "spaced_retrieval", "eval_retrieval_score", "eval_position_loss"} & set(counts)
+    text = dry_run_all("real")
+    assert "convert_gguf_teacher.py" in text and "fetch_teacher.py" not in text
+    assert "--parallel results/data/real/corpus/parallel.parquet" in text
+
+
 def test_rehearsal_builds_the_same_rules_as_paper(dry_run):
     """The rehearsal preset's point: the paper preset's code paths, so the same rules (counts may differ)."""
     paper, rehearsal = set(dry_run("paper")), set(dry_run("rehearsal"))
