@@ -564,6 +564,11 @@ class Niah:
                              "required with prompts: oneruler")
     chat_template: bool = opt(False, "wrap each prompt in the model's chat template where it has one")
     yarn_factor: float | None = opt(None, "YaRN RoPE scaling factor (null: the native RoPE)", exclusiveMinimum=1)
+    native_window: dict[str, PosInt] | None = opt(
+        None, "model name -> native context window in tokens; when set, yarn_factor applies to a model only in "
+        "the cells longer than its window (a distilled student without an entry takes its teacher's; a model "
+        "in neither: its config's max_position_embeddings). null: yarn_factor applies to every cell over the "
+        "config's max_position_embeddings")
 
 
 @dataclass(kw_only=True)

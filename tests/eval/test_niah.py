@@ -10,11 +10,16 @@ from hybridlab.eval.niah import (
     NiahTemplate,
     build_niah_example,
     build_niah_suite,
+    chat_prompt,
+    native_window_of,
     normalise,
     run_niah,
     score_prediction,
     summarise_niah,
+    template_takes_thinking,
+    yarn_for,
 )
+from hybridlab.eval.pairs import AnalysisModel
 
 HAYSTACK = [f"Sentence number {i} talks about the weather and the {w} in town." for i, w in
             enumerate(["market", "river", "school", "bridge", "garden", "station", "harbor"] * 3)]
@@ -50,7 +55,7 @@ def test_each_task_has_its_needles_and_fits_the_target_length(task):
     ex = build_niah_example(tok, HAYSTACK, task=task, lang="fra_Latn", target_tokens=300, seed=1)
     needles = NEEDLE_RE.findall(ex.prompt)
     asked = re.findall(r"numbers? for ([\w, ]+) mentioned", ex.prompt)[-1].split(", ")
-    n_expected = {"niah_single": 1, "niah_multikey": 4, "niah_multivalue": 4, "niah_multiquery": 4, "niah_none": 3}
+    n_expected = {"niah_single": 1, "niah_multikey": 4, "niah_multivalue": 4, "niah_multiquery": 4, "niah_none": 4}
     assert len(needles) == n_expected[task]
     assert 300 - 14 < ex.context_tokens <= 300  # short by less than one haystack sentence (13 words)
     assert ex.context_tokens == len(tok(ex.prompt)["input_ids"]) and ex.target_tokens == 300
@@ -150,7 +155,8 @@ def test_run_niah_records_oom_frees_and_continues():
     df = run_niah(model, tok, examples, max_new_tokens=8)
     assert df["oom"].to_list() == [False, True, True, False]
     assert df["skipped"].to_list() == [False, False, True, False]  # 600 >= the 400 that OOMed: not run
-    assert df["correct"].to_list() == [True, False, False, True]
+    # an OOM is its own outcome: no prediction, score or correctness
+    assert df["correct"].to_list() == [True, None, None, True] and df["score"].to_list()[1:3] == [None, None]
     assert model.calls == 3
     again = run_niah(Oracle(tok, oom_above=300), tok, examples, max_new_tokens=8, skip_longer_after_oom=False)
     assert again["skipped"].to_list() == [False] * 4 and again["oom"].to_list() == [False, True, True, False]
@@ -170,3 +176,193 @@ def test_run_niah_with_a_real_tiny_model():
     row = df.to_dicts()[0]
     assert len(row["prediction"].split()) <= 3 and row["seconds"] > 0 and row["peak_memory_bytes"] > 0
     assert row["correct"] == ("aucun" in row["prediction"] and not re.search(r"\d", row["prediction"]))
+
+
+def test_niah_none_has_four_distractors_none_with_the_asked_key():
+    tok = WordTokenizer()
+    for seed in range(5):
+        ex = build_niah_example(tok, HAYSTACK, task="niah_none", lang="x", target_tokens=400, seed=seed)
+        needles = NEEDLE_RE.findall(ex.prompt)
+        asked = re.findall(r"number for (\w+) mentioned", ex.prompt)[-1]
+        assert len(needles) == 4 and len({k for k, _ in needles}) == 4 and asked not in {k for k, _ in needles}
+        assert len(ex.needle_depths) == 4 and ex.answers == ()
+
+
+NUMBERED = [f"Line {i} of the book ends here." for i in range(40)]
+
+
+def _haystack_indices(prompt):
+    body = NEEDLE_RE.sub("", prompt.split("\n\n")[1])
+    return [int(i) for i in re.findall(r"Line (\d+) of the book", body)]
+
+
+def test_haystack_is_contiguous_text_from_a_seeded_start():
+    tok = WordTokenizer()
+    starts = set()
+    for seed in range(6):
+        ex = build_niah_example(tok, NUMBERED, task="niah_multikey", lang="x", target_tokens=250, seed=seed)
+        idx = _haystack_indices(ex.prompt)
+        assert len(idx) > 10
+        assert all(b == (a + 1) % len(NUMBERED) for a, b in zip(idx, idx[1:]))  # consecutive sentences
+        starts.add(idx[0])
+    assert len(starts) > 1  # the start is drawn per example
+    # shorter than the context: the text wraps around to its beginning, still in order
+    ex = build_niah_example(tok, NUMBERED[:5], task="niah_single", lang="x", target_tokens=250, seed=0)
+    idx = _haystack_indices(ex.prompt)
+    assert len(idx) > 5 and all(b == (a + 1) % 5 for a, b in zip(idx, idx[1:]))
+
+
+def _oom_rows():
+    """Hand-made run_niah rows of one cell: 2 of 3 completed examples correct, 2 OOM."""
+    import polars as pl
+
+    from hybridlab.eval.niah import ROW_SCHEMA
+
+    base = dict(task="niah_single", lang="x", target_tokens=100, context_tokens=98, depth=0.5, skipped=False,
+                yarn_factor=None, seconds=0.1, peak_memory_bytes=10, memory_kind="cpu_peak_rss")
+    rows = [base | dict(prediction="1", score=1.0, correct=True, oom=False),
+            base | dict(prediction="1", score=1.0, correct=True, oom=False),
+            base | dict(prediction="2", score=0.0, correct=False, oom=False),
+            base | dict(prediction=None, score=None, correct=None, oom=True),
+            base | dict(prediction=None, score=None, correct=None, oom=True, skipped=True)]
+    return pl.DataFrame(rows, schema=ROW_SCHEMA)
+
+
+def test_accuracy_is_over_completed_examples_and_oom_is_counted_apart():
+    s = summarise_niah(_oom_rows()).row(0, named=True)
+    assert s["n"] == 3 and s["n_oom"] == 2 and s["oom_rate"] == pytest.approx(0.4)
+    assert s["accuracy"] == pytest.approx(2 / 3) and s["score"] == pytest.approx(2 / 3)  # not 2 / 5
+    # even rows that say correct=False on an OOM (older tables) are left out of the accuracy
+    import polars as pl
+
+    legacy = _oom_rows().with_columns(correct=pl.col("correct").fill_null(False), score=pl.col("score").fill_null(0.0))
+    assert summarise_niah(legacy)["accuracy"][0] == pytest.approx(2 / 3)
+    # a cell where every example ran out of memory has no accuracy
+    allout = summarise_niah(_oom_rows().filter(pl.col("oom"))).row(0, named=True)
+    assert allout["n"] == 0 and allout["n_oom"] == 2 and allout["accuracy"] is None
+
+
+class TemplateTok:
+    """A tokenizer stub with a chat template source; a strict apply_chat_template that rejects kwargs it
+    does not know, as a template without the variable might."""
+
+    def __init__(self, template, accepts_thinking):
+        self.chat_template, self.accepts, self.calls = template, accepts_thinking, []
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **kwargs):
+        if kwargs and not self.accepts:
+            raise TypeError(f"unexpected {sorted(kwargs)}")
+        self.calls.append(kwargs)
+        think = "<think></think>" if kwargs.get("enable_thinking") is False else ""
+        return f"<u>{messages[0]['content']}<a>{think}"
+
+
+def test_enable_thinking_false_is_passed_only_to_templates_that_read_it():
+    qwen = TemplateTok("{%- if enable_thinking is defined and enable_thinking is false %}...{%- endif %}", True)
+    other = TemplateTok("{{ messages[0]['content'] }}", False)
+    assert template_takes_thinking(qwen) and not template_takes_thinking(other)
+    assert template_takes_thinking(TemplateTok({"default": "x enable_thinking y", "tool_use": "z"}, True))
+    assert chat_prompt(qwen, "hi") == "<u>hi<a><think></think>" and qwen.calls == [{"enable_thinking": False}]
+    assert chat_prompt(other, "hi") == "<u>hi<a>" and other.calls == [{}]  # no unknown kwarg, no error
+
+
+def test_enable_thinking_reaches_a_real_jinja_template():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    tok.chat_template = ("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+                         "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}")
+    assert chat_prompt(tok, "hi") == "<|user|>hi<|assistant|><think></think>"
+    tok.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    assert chat_prompt(tok, "hi") == "<|user|>hi<|assistant|>"
+
+
+def test_yarn_applies_only_past_the_native_window():
+    assert yarn_for(32768, 4.0, 32768) is None and yarn_for(32769, 4.0, 32768) == 4.0
+    assert yarn_for(131072, 4.0, 131072) is None  # a 128K model at 128K keeps its RoPE
+    assert yarn_for(8192, 4.0, None) == 4.0  # no window given: every cell, as before
+    assert yarn_for(10**6, None, 32768) is None
+
+
+def _tiny_qwen(tok, max_pos=512):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    class Recording(Qwen3ForCausalLM):
+        seen: list = []
+
+        def generate(self, *args, **kwargs):
+            rotary = self.get_decoder().rotary_emb
+            self.seen.append((rotary.rope_type, rotary.config.rope_parameters.get("original_max_position_embeddings")))
+            return super().generate(*args, **kwargs)
+
+    torch.manual_seed(0)
+    model = Recording(Qwen3Config(vocab_size=len(tok.words) + 400, hidden_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
+                                  max_position_embeddings=max_pos))
+    model.seen = []
+    return model
+
+
+def test_run_niah_scales_rope_only_for_cells_past_the_native_window_and_restores_it():
+    tok = WordTokenizer()
+    examples = [build_niah_example(tok, HAYSTACK, task="niah_single", lang="x", target_tokens=n, seed=0)
+                for n in (150, 300, 150)]
+    model = _tiny_qwen(tok)
+    native_rotary = model.get_decoder().rotary_emb
+    df = run_niah(model, tok, examples, max_new_tokens=2, yarn_factor=4.0, native_window=200)
+    assert df["yarn_factor"].to_list() == [None, 4.0, None]
+    assert model.seen == [("default", None), ("yarn", 200), ("default", None)]
+    assert model.get_decoder().rotary_emb is native_rotary and model.config.max_position_embeddings == 512
+    # no window: every example over the config's window (the behaviour of presets without native_window)
+    model.seen = []
+    df = run_niah(model, tok, examples, max_new_tokens=2, yarn_factor=4.0)
+    assert df["yarn_factor"].to_list() == [4.0] * 3 and model.seen == [("yarn", 512)] * 3
+    assert run_niah(model, tok, examples[:1], max_new_tokens=2)["yarn_factor"].to_list() == [None]
+
+
+def test_native_window_from_the_config_key_the_teacher_or_the_model_config():
+    model = _tiny_qwen(WordTokenizer(), max_pos=40960)
+    windows = {"Qwen/Qwen3-4B": 32768, "org/hub-hybrid": 131072}
+    teacher = AnalysisModel("Qwen/Qwen3-4B", "p", "t", {"Qwen/Qwen3-4B/sandwich-gdn": "dense"})
+    student = AnalysisModel("Qwen/Qwen3-4B/sandwich-gdn", "p", "t", {"Qwen/Qwen3-4B/sandwich-gdn": "hybrid"})
+    hub = AnalysisModel("org/hub-hybrid", "p", "t", {"hub": "hybrid"}, hub=True)
+    other = AnalysisModel("org/other", "p", "t", {"hub": "dense"}, hub=True)
+    assert native_window_of(teacher, model, windows) == 32768  # the key beats the config's 40960
+    assert native_window_of(student, model, windows) == 32768  # a distilled student takes its teacher's
+    assert native_window_of(hub, model, windows) == 131072
+    assert native_window_of(other, model, windows) == 40960  # not listed: its config
+    assert native_window_of(teacher, model, None) is None  # key absent: scale every cell
+
+
+def test_niah_tables_count_oom_apart_and_record_the_window_and_factor(monkeypatch):
+    import polars as pl
+
+    from hybridlab.eval import niah, pairs
+
+    class Tok(WordTokenizer):
+        def __call__(self, text, return_tensors=None, add_special_tokens=True):
+            return super().__call__(text, return_tensors)
+
+    tok = Tok()
+    models = {"t/sp-gdn": _tiny_qwen(tok), "t": Oracle(tok, oom_above=200)}
+    monkeypatch.setattr(pairs, "load_analysis_model", lambda m, **kw: (models[m.name], tok))
+    mono = pl.DataFrame({"doc_id": ["a"], "lang": ["eng_Latn"], "text": [" ".join(HAYSTACK)], "source": ["t"]})
+    params = {"seed": 0, "dtype": None, "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
+                                                                       student_path="y", tokenizer="z")]},
+              "niah": {"languages": ["eng_Latn"], "tasks": ["niah_single"], "context_tokens": [150, 300],
+                       "examples_per_cell": 2, "answer_slack_tokens": 2, "yarn_factor": 2.0,
+                       "native_window": {"t": 200}}}
+    examples, summary = niah.niah_tables(mono, params, device="cpu", log=lambda *_: None)
+    by = {(r["model"], r["context_tokens"]): r for r in summary.iter_rows(named=True)}
+    dense_long = by["t", 300]
+    assert dense_long["n"] == 0 and dense_long["n_oom"] == 2 and dense_long["accuracy"] is None
+    assert dense_long["oom"] and dense_long["oom_rate"] == 1.0
+    assert by["t", 150]["n"] == 2 and by["t", 150]["accuracy"] == 1.0 and by["t", 150]["n_oom"] == 0
+    # the student takes its teacher's window; the Oracle has no RoPE to scale
+    assert by["t/sp-gdn", 150]["native_window"] == 200 and by["t/sp-gdn", 150]["yarn_factor"] is None
+    assert by["t/sp-gdn", 300]["yarn_factor"] == 2.0 and by["t", 300]["yarn_factor"] is None
+    assert summary.columns[-6:] == ["n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor"]
+    assert examples.columns[:7] == ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
+    assert examples.filter(pl.col("oom"))["correct"].null_count() == 2

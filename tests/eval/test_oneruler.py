@@ -1,6 +1,7 @@
 """OneRULER NIAH: its data layout, prompt assembly, two-key multi-query, scoring; chat templates; YaRN."""
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -111,3 +112,15 @@ def test_yarn_changes_only_the_rotary_embedding_and_records_its_factor():
         assert (model(ids).logits - ref(ids).logits).abs().max() > 1e-3
     with pytest.raises(HybridlabError, match="> 1"):
         apply_yarn(_qwen(), 0.5)
+
+
+def test_oneruler_none_task_has_four_distractors_in_contiguous_book_text(data):
+    lang = oneruler.load_language(data, "eng_Latn")
+    ex = build_niah_example(CharTok(), lang.sentences, task="niah_none", lang="eng_Latn", target_tokens=1500, seed=2,
+                            oneruler=lang)
+    assert ex.prompt.count("The special magic number for") == 4 and len(ex.needle_depths) == 4
+    body = ex.prompt
+    for i, s in enumerate(lang.sentences):  # the book's sentences in reading order, needles in between
+        body = body.replace(s, f"[{i}]")
+    idx = [int(i) for i in re.findall(r"\[(\d)\]", body)]
+    assert len(idx) > 8 and all(b == (a + 1) % 4 for a, b in zip(idx, idx[1:]))

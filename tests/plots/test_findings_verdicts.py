@@ -142,7 +142,7 @@ def test_a_pair_without_a_dense_model_is_noted_not_a_crash():
                                                                                   model=pl.lit("org/swa"))])
     df = _table(softcka=sc, niah=niah)
     for finding in (ALIGNED, ALIGNED + " (second view: sentence-set CKA)",
-                    "hybrids degrade less with context length in multilingual NIAH"):
+                    "hybrids degrade less with context length in multilingual NIAH", findings.NIAH_OOM):
         r = _one(df, finding, "swa-hub")
         assert r["verdict"] == "inconclusive" and "no dense model" in r["note"] and math.isnan(r["effect"])
     # its own first-FA row needs no dense partner
@@ -228,3 +228,83 @@ def test_clopper_pearson_is_dual_to_the_sign_test():
         for k in range(n + 1):
             ci = stats.clopper_pearson_interval(k, n)
             assert (ci.lo > 0.5 or ci.hi < 0.5) == (stats.sign_test_counts(k, n - k).p_value < 0.05)
+
+
+def _niah_table(cells, pairs=(("hub", "org/hybrid", "org/dense"),)):
+    """niah.parquet summary rows: cells = {(role, lang, task, context): (k correct, n completed, n_oom)}, the
+    same for every pair in `pairs` = [(pair, hybrid model, dense model)]; n is the completed examples and
+    accuracy k / n (null when none completed)."""
+    rows = []
+    for pair, hybrid, dense in pairs:
+        for (role, lang, task, ctx), (k, n, n_oom) in cells.items():
+            rows.append(dict(model=hybrid if role == "hybrid" else dense, pair=pair, role=role, lang=lang, task=task,
+                             context_tokens=ctx, n=n, accuracy=k / n if n else None, n_oom=n_oom, oom=n_oom > 0,
+                             oom_rate=n_oom / (n + n_oom), seconds=0.1))
+    return pl.DataFrame(rows)
+
+
+def _niah_findings(table):
+    return {(r["finding"], r["comparison"]): r for r in findings._niah_rows(table)}
+
+
+def test_niah_oom_rate_is_its_own_finding_with_a_newcombe_interval():
+    # hybrid: 0 OOM of 40 examples; dense: 20 of 40 (it runs out of memory at the longer length)
+    cells = {(role, "fra_Latn", task, ctx): (5, 10, 0) for role in ("hybrid", "dense")
+             for task in ("niah_single", "niah_none") for ctx in (100, 200)}
+    for task in ("niah_single", "niah_none"):
+        cells["dense", "fra_Latn", task, 200] = (0, 0, 10)
+    pairs = (("hub", "org/hybrid", "org/dense"), ("t/sandwich-gdn", "t/sandwich-gdn", "t"))
+    rows = _niah_findings(_niah_table(cells, pairs))
+    r = rows[findings.NIAH_OOM, "hub"]
+    # Wilson 0/40: [0, 0.08762]; 20/40: 0.5 -+ 0.14801. Newcombe: -0.5 - 0.14801, -0.5 + sqrt(0.08762^2 + 0.14801^2)
+    assert r["effect"] == pytest.approx(-0.5) and r["expected"] == "-"
+    assert (r["ci_lo"], r["ci_hi"]) == pytest.approx((-0.64801, -0.32800), abs=1e-4)
+    assert r["verdict"] == "reproduced" and r["n_seeds"] == 0 and "interval over examples" in r["note"]
+    assert "OOM in 0 of 40 hybrid and 20 of 40 dense" in r["note"]
+    d = rows[findings.NIAH_OOM, "t/sandwich-gdn"]  # the DAG's own student: the seed rule of the table
+    assert d["effect"] == pytest.approx(-0.5) and d["verdict"] == "inconclusive" and "one seed" in d["note"]
+    # the OOM cells are not wrong answers: the length effect is read where both completed (100 -> no longer length)
+    assert math.isnan(rows[findings.NIAH_LENGTH, "hub"]["effect"])
+    assert "no language x task completed by both" in rows[findings.NIAH_LENGTH, "hub"]["note"]
+
+
+def test_niah_length_effect_uses_only_cells_both_models_completed():
+    # lengths 100, 200, 400; at 400 the dense model runs out of memory in every stratum, the hybrid answers 2/10
+    cells = {}
+    for lang in ("fra_Latn", "hin_Deva"):
+        for task in ("niah_single", "niah_none"):
+            cells["hybrid", lang, task, 100] = (10, 10, 0)
+            cells["hybrid", lang, task, 200] = (9, 10, 0)
+            cells["hybrid", lang, task, 400] = (2, 10, 0)
+            cells["dense", lang, task, 100] = (10, 10, 0)
+            cells["dense", lang, task, 200] = (6, 10, 0)
+            cells["dense", lang, task, 400] = (0, 0, 10)
+    # one stratum where the dense model also ran out of memory at 200: left out at 200 as well
+    cells["dense", "hin_Deva", "niah_none", 200] = (0, 0, 10)
+    r = _niah_findings(_niah_table(cells))[findings.NIAH_LENGTH, "hub"]
+    # (0.9 - 1.0) - (0.6 - 1.0) = 0.3 in the 3 strata both completed at 100 and 200
+    assert r["effect"] == pytest.approx(0.3) and "100 -> 200 tokens" in r["effect_definition"]
+    assert "3 of 4 language x task strata" in r["note"] and "(OOM): 400" in r["note"]
+    # counting OOM as wrong (accuracy 0 at 400) would have given (0.2 - 1.0) - (0 - 1.0) = +0.2 at 400
+
+
+def test_niah_bootstrap_resamples_within_language_x_task_strata():
+    # two strata, each with accuracy 1.0 (fra) or 0.0 (hin) in every cell: every within-stratum resample is the
+    # same, so the interval is [0, 0]; pooling the strata (accuracy 0.5 per cell) would give a wide interval
+    cells = {(role, lang, "niah_single", ctx): (10 if lang == "fra_Latn" else 0, 10, 0)
+             for role in ("hybrid", "dense") for lang in ("fra_Latn", "hin_Deva") for ctx in (100, 400)}
+    r = _niah_findings(_niah_table(cells))[findings.NIAH_LENGTH, "hub"]
+    assert r["effect"] == 0.0 and (r["ci_lo"], r["ci_hi"]) == (0.0, 0.0)
+    assert "within language x task strata" in r["ci_over"] and r["verdict"] == "inconclusive"
+    # a mixed stratum does vary: the interval widens around the same effect
+    cells["hybrid", "hin_Deva", "niah_single", 400] = (5, 10, 0)
+    r = _niah_findings(_niah_table(cells))[findings.NIAH_LENGTH, "hub"]
+    assert r["effect"] == pytest.approx(0.25) and r["ci_lo"] < 0.25 < r["ci_hi"]
+
+
+def test_niah_tables_without_n_oom_are_read_as_oom_counted_wrong():
+    # an older table: n = all examples, accuracy with OOM as wrong, oom_rate beside it
+    old = pl.DataFrame([dict(model="org/d", pair="hub", role="dense", lang="x", task="t", context_tokens=100, n=10,
+                             accuracy=0.3, oom=True, oom_rate=0.5, seconds=0.1)])
+    c = findings.niah_counts(old).row(0, named=True)
+    assert (c["k"], c["done"], c["n_oom"]) == (3, 5, 5)

@@ -5,16 +5,19 @@ Tasks (RULER's NIAH variants plus OneRULER's "none" answer; every instruction al
 - niah_multikey: the needle + 3 distractor needles with other keys; asked for the needle's key.
 - niah_multivalue: 4 needles with the SAME key and different values; asked for all of them.
 - niah_multiquery: 4 needles with distinct keys; asked for all four keys' values.
-- niah_none: 3 distractor needles; asked for a key that has no needle.   answers = [] (expect "none")
+- niah_none: 4 distractor needles (OneRULER's count); asked for a key that has no needle.   answers = []
 
 Needles: "The special magic number for {key} is: {value}." Keys are words from a word list (distinct
 per example), values distinct random 7-digit numbers. THIS PROJECT'S CHOICE: the needle, instruction and
 question templates are English for every language for now (OneRULER translates them); pass
 `NiahTemplate`s per language to localise. OneRULER's own data (``hybridlab.eval.oneruler``: its
 per-language prompts, key words, books and scoring, two-key multi-query) replaces all of these when
-``oneruler`` is given; ``chat`` applies the evaluated model's chat template to the prompt. The haystack is the language's monolingual sentences,
-shuffled with the example's seed and cycled if the text is too short. Every needle is inserted between
-haystack sentences at a seeded uniform depth in [0, 1] (or `depth` for the queried needle).
+``oneruler`` is given; ``chat`` applies the evaluated model's chat template to the prompt (with
+``enable_thinking=False`` where the template reads that variable, e.g. Qwen3's, so a reasoning model answers
+at once instead of spending its answer budget on thinking). The haystack is contiguous text, as OneRULER's
+books are: consecutive sentences of the language's text from a start drawn with the example's seed,
+wrapping to the beginning if the text is too short. Every needle is inserted between haystack sentences at
+a seeded uniform depth in [0, 1] (or `depth` for the queried needle).
 
 Length: `target_tokens` is measured in the EVALUATED model's tokenizer on the full prompt (with its
 special tokens): the largest number of haystack sentences whose prompt fits in `target_tokens` is
@@ -30,13 +33,22 @@ For niah_none, correct iff the lowercased prediction contains the template's non
 Runner: greedy decoding one example at a time (contexts are long; no padding). Each row records
 wall time and peak memory: `torch.cuda.max_memory_allocated` on CUDA; on CPU the process peak RSS
 (Linux: VmHWM reset through /proc/self/clear_refs before each example; elsewhere the process-lifetime
-ru_maxrss, labelled `cpu_process_max_rss`). A CUDA out-of-memory error is a result row (oom=True):
-memory is freed and the run continues; longer examples are then recorded as oom without running
-(`skipped=True`) unless `skip_longer_after_oom=False`.
+ru_maxrss, labelled `cpu_process_max_rss`). A CUDA out-of-memory error is a result row (oom=True)
+of its own outcome, not a wrong answer: its `prediction`, `score` and `correct` are null, accuracy is
+taken over the completed examples, and the OOM rate is reported beside it. Memory is freed and the run
+continues; longer examples are then recorded as oom without running (`skipped=True`) unless
+`skip_longer_after_oom=False`.
+
+YaRN: `run_niah(..., yarn_factor=F, native_window=W)` switches the model's RoPE to YaRN with factor F over
+the original window W only for examples whose cell length (`target_tokens`) exceeds W, and back to the
+native RoPE for the others (the answer's few generated tokens are not counted); W = None scales every
+example over the config's `max_position_embeddings`. The factor applied is recorded per row (`yarn_factor`,
+null: native RoPE, or a NoPE model with nothing to scale).
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import random
 import re
@@ -54,7 +66,8 @@ from hybridlab.device import resolve_device
 from hybridlab.errors import HybridlabError
 
 TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_none")
-N_DISTRACTORS = 3  # multikey and none
+N_DISTRACTORS = 3  # multikey: the queried needle + 3 distractors
+N_NONE_DISTRACTORS = 4  # niah_none: OneRULER's 4 distractor needles, none of them with the asked key
 N_MULTI = 4  # multivalue and multiquery
 
 DEFAULT_WORDS = tuple("""apple river candle garden mirror pencil rocket violin harbor lantern meadow
@@ -103,20 +116,32 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def template_takes_thinking(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads an ``enable_thinking`` variable (Qwen3's does): its source
+    (a string, or a mapping of named templates) mentions the name."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = " ".join(str(t) for t in template.values())
+    return isinstance(template, str) and "enable_thinking" in template
+
+
 def chat_prompt(tokenizer: Any, text: str) -> str:
-    """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's answer."""
+    """``text`` as one user turn in the tokenizer's chat template, ready for the assistant's answer; a
+    template that reads ``enable_thinking`` gets ``enable_thinking=False`` (answer without a thinking block),
+    any other template is called without it."""
     if not has_chat_template(tokenizer):
         raise HybridlabError("the tokenizer has no chat template; build the example with chat=False")
+    extra = {"enable_thinking": False} if template_takes_thinking(tokenizer) else {}
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+                                         add_generation_prompt=True, **extra)
 
 
 def _needles(task: str, rng: random.Random, words: Sequence[str], n_queries: int = N_MULTI):
     """(needle (key, value) list, queried keys, expected values); multiquery asks `n_queries` keys."""
     n_keys = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": 1,
-              "niah_multiquery": n_queries, "niah_none": 1 + N_DISTRACTORS}[task]
+              "niah_multiquery": n_queries, "niah_none": 1 + N_NONE_DISTRACTORS}[task]
     n_values = {"niah_single": 1, "niah_multikey": 1 + N_DISTRACTORS, "niah_multivalue": N_MULTI,
-                "niah_multiquery": n_queries, "niah_none": N_DISTRACTORS}[task]
+                "niah_multiquery": n_queries, "niah_none": N_NONE_DISTRACTORS}[task]
     if len(set(words)) < n_keys:
         raise HybridlabError(f"{task} needs {n_keys} distinct key words, the word list has {len(set(words))}")
     keys = rng.sample(sorted(set(words)), n_keys)
@@ -154,8 +179,7 @@ def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, la
     depths = [rng.random() for _ in needles]
     if depth is not None:
         depths[0] = depth
-    order = list(range(len(sentences)))
-    rng.shuffle(order)
+    start = rng.randrange(len(sentences))  # contiguous text from a seeded start (not shuffled sentences)
     if task == "niah_multiquery":
         question = tpl.question_many_keys.format(keys=tpl.joiner.join(asked))
     elif task == "niah_multivalue":
@@ -168,7 +192,7 @@ def build_niah_example(tokenizer: Any, haystack: Sequence[str], *, task: str, la
         needle_texts = [tpl.needle.format(key=k, value=v) for k, v in needles]
 
     def prompt_with(n: int) -> str:
-        hay = [sentences[order[i % len(order)]] for i in range(n)]
+        hay = [sentences[(start + i) % len(sentences)] for i in range(n)]
         # insert deepest-first so earlier insertions do not shift the later positions
         for d, text in sorted(zip(depths, needle_texts), key=lambda p: -p[0]):
             hay.insert(round(d * len(hay)), text)
@@ -256,25 +280,85 @@ def _peak_memory_bytes(dev: torch.device, kind: str) -> int:
 
 ROW_SCHEMA = {"task": pl.String, "lang": pl.String, "target_tokens": pl.Int64, "context_tokens": pl.Int64,
               "depth": pl.Float64, "prediction": pl.String, "score": pl.Float64, "correct": pl.Boolean,
-              "oom": pl.Boolean, "skipped": pl.Boolean, "seconds": pl.Float64, "peak_memory_bytes": pl.Int64,
-              "memory_kind": pl.String}
+              "oom": pl.Boolean, "skipped": pl.Boolean, "yarn_factor": pl.Float64, "seconds": pl.Float64,
+              "peak_memory_bytes": pl.Int64, "memory_kind": pl.String}
+
+
+def yarn_for(target_tokens: int, factor: float | None, native_window: int | None) -> float | None:
+    """The YaRN factor for a cell of `target_tokens`: `factor` when the cell's context exceeds the native
+    window (always when `native_window` is None), else None (the native RoPE)."""
+    if factor is None:
+        return None
+    return factor if native_window is None or target_tokens > native_window else None
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def config_window(model: nn.Module) -> int | None:
+    """The window the model's config declares (`max_position_embeddings` of its text config), or None."""
+    window = getattr(_text_config(model), "max_position_embeddings", None)
+    return int(window) if window else None
+
+
+class _RopeSwitch:
+    """Switches a model between its native RoPE and YaRN (`hybridlab.models.rope.apply_yarn`) and back:
+    the native rotary module and config fields are kept and restored, so each switch starts from them."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.factor = model, None
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        self.rotary = getattr(self.decoder, "rotary_emb", None)
+        if self.rotary is not None:
+            cfg = _text_config(model)
+            self.saved = {k: copy.deepcopy(getattr(cfg, k)) for k in ("rope_parameters", "max_position_embeddings")
+                          if hasattr(cfg, k)}
+
+    def set(self, factor: float | None, native_window: int | None) -> float | None:
+        """Apply `factor` (None: native RoPE); returns the factor in effect (None for a NoPE model)."""
+        if self.rotary is None or factor == self.factor:
+            return None if self.rotary is None else factor
+        self.restore()
+        if factor is not None:
+            from hybridlab.models.rope import apply_yarn
+
+            apply_yarn(self.model, factor, native_window)
+            self.factor = factor
+        return factor
+
+    def restore(self) -> None:
+        if self.rotary is None or self.factor is None:
+            return
+        cfg = _text_config(self.model)
+        for k, v in self.saved.items():
+            setattr(cfg, k, copy.deepcopy(v))
+        self.decoder.rotary_emb = self.rotary
+        self.factor = None
 
 
 def run_niah(model: nn.Module, tokenizer: Any, examples: Sequence[NiahExample], max_new_tokens: int,
-             device: str | torch.device | None = None, *, skip_longer_after_oom: bool = True) -> pl.DataFrame:
-    """Greedy-decode every example; one tidy row each (see ROW_SCHEMA); OOM is a row, not a crash."""
+             device: str | torch.device | None = None, *, skip_longer_after_oom: bool = True,
+             yarn_factor: float | None = None, native_window: int | None = None) -> pl.DataFrame:
+    """Greedy-decode every example; one tidy row each (see ROW_SCHEMA); OOM is a row of its own outcome
+    (prediction, score and correct null), not a crash and not a wrong answer. `yarn_factor` F scales RoPE
+    with YaRN for the examples past `native_window` (`yarn_for`); the model is back on its native RoPE after."""
     if max_new_tokens < 1:
         raise HybridlabError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rows, oom_at = [], None
     was_training = model.training
+    rope = _RopeSwitch(model) if yarn_factor is not None else None
     model.eval()
     try:
         for ex in examples:
+            factor = yarn_for(ex.target_tokens, yarn_factor, native_window)
             row: dict[str, Any] = {"task": ex.task, "lang": ex.lang, "target_tokens": ex.target_tokens,
                                    "context_tokens": ex.context_tokens, "depth": ex.depth, "prediction": None,
-                                   "score": 0.0, "correct": False, "oom": False, "skipped": False,
+                                   "score": None, "correct": None, "oom": False, "skipped": False,
+                                   "yarn_factor": rope.set(factor, native_window) if rope else None,
                                    "seconds": None, "peak_memory_bytes": None, "memory_kind": None}
             if skip_longer_after_oom and oom_at is not None and ex.context_tokens >= oom_at:
                 rows.append(row | {"oom": True, "skipped": True})
@@ -309,15 +393,25 @@ def run_niah(model: nn.Module, tokenizer: Any, examples: Sequence[NiahExample], 
                         torch.cuda.empty_cache()
             rows.append(row)
     finally:
+        if rope is not None:
+            rope.restore()
         model.train(was_training)
     return pl.DataFrame(rows, schema=ROW_SCHEMA)
 
 
+def _completed_aggs() -> list[pl.Expr]:
+    """n = completed examples (the accuracy's denominator), accuracy and score over them (null when every
+    example ran out of memory), n_oom, oom (any) and oom_rate = n_oom / (n + n_oom)."""
+    done = ~pl.col("oom")
+    return [done.sum().cast(pl.Int64).alias("n"), pl.col("correct").filter(done).mean().alias("accuracy"),
+            pl.col("score").filter(done).mean().alias("score"), pl.col("oom").sum().cast(pl.Int64).alias("n_oom")]
+
+
 def summarise_niah(results: pl.DataFrame) -> pl.DataFrame:
-    """Accuracy (mean `correct`, OOM rows count as wrong), mean score and OOM rate per (lang, task, length)."""
+    """Per (lang, task, length): n completed examples, accuracy and mean score over them (an OOM is its own
+    outcome, not a wrong answer), n_oom and the OOM rate, mean seconds and peak memory."""
     return (results.group_by("lang", "task", "target_tokens")
-            .agg(pl.len().alias("n"), pl.col("correct").mean().alias("accuracy"),
-                 pl.col("score").mean().alias("score"), pl.col("oom").mean().alias("oom_rate"),
+            .agg(*_completed_aggs(), pl.col("oom").mean().alias("oom_rate"),
                  pl.col("seconds").mean().alias("seconds"),
                  pl.col("peak_memory_bytes").max().alias("peak_memory_bytes"))
             .sort("lang", "task", "target_tokens"))
@@ -341,7 +435,23 @@ def answer_budgets(tokenizer: Any, examples: Sequence[NiahExample], slack: int) 
     return out
 
 
-NIAH_SETTINGS = ("prompts", "chat_template", "yarn_factor")
+NIAH_SETTINGS = ("native_window", "prompts", "chat_template", "yarn_factor")
+
+
+def native_window_of(m: Any, model: nn.Module, windows: dict[str, int] | None) -> int | None:
+    """The native context window of analysis model `m` (a `pairs.AnalysisModel`) for YaRN: `windows`
+    (`niah.native_window`) by model name; a distilled student (not a hub model, named
+    `<teacher>/<placement>-<mixer>`) without an entry of its own takes its teacher's; else the model config's
+    `max_position_embeddings`. `windows` None (the key absent): None, every example is scaled."""
+    if windows is None:
+        return None
+    if m.name in windows:
+        return int(windows[m.name])
+    student = not m.hub and m.pairs.get(m.name) == "hybrid" and "/" in m.name  # named after its pair
+    teacher = m.name.rsplit("/", 1)[0] if student else None
+    if teacher is not None and teacher in windows:
+        return int(windows[teacher])
+    return config_window(model)
 
 
 def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None = None, log=print
@@ -353,21 +463,26 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
     project` (unused with `oneruler`). `params`: `models` (`hybridlab.eval.pairs.analysis_models`
     keyword arguments), `dtype`, `seed` and `niah` = {languages, tasks, context_tokens, examples_per_cell,
     answer_slack_tokens, optional prompts (project | oneruler, default project), oneruler_dir (with
-    oneruler), chat_template (default false), yarn_factor (default none)}.
+    oneruler), chat_template (default false), yarn_factor (default none), native_window (default none)}.
 
     Haystacks are each language's documents in a seeded order split into sentences
     (`pairs.haystack_sentences`), or OneRULER's books; examples are built once per tokenizer (models
     sharing one share their examples: `build_niah_suite`) so context lengths are that model's tokens,
     and decoded greedily per task with the budget of `answer_budgets` (`run_niah`). `chat_template`
-    applies where the tokenizer has one; `yarn_factor` F applies YaRN RoPE scaling (null for NoPE models).
-    The summary has one row per (model, pair, lang, task, context_tokens) with n, accuracy (OOM counts as
-    wrong), score, mean_prompt_tokens, seconds, peak_memory_bytes, memory_kind, oom, oom_rate, then the
-    settings columns prompts, chat_template, yarn_factor.
+    applies where the tokenizer has one (with enable_thinking=False where the template reads it);
+    `yarn_factor` F applies YaRN RoPE scaling: with `native_window` ({model name: tokens}, see
+    `native_window_of`) only to the cells longer than the model's native window, without it to every cell
+    over the config's window (null for NoPE models and unscaled cells).
+    The summary has one row per (model, pair, lang, task, context_tokens) with n (completed examples),
+    accuracy and score over them (an OOM is not a wrong answer), mean_prompt_tokens, seconds,
+    peak_memory_bytes, memory_kind, oom (any), n_oom, oom_rate = n_oom / (n + n_oom), then the settings
+    columns native_window (null: not given), prompts, chat_template, yarn_factor (applied).
     """
     from hybridlab.eval import pairs
 
     cfg, seed = params["niah"], params["seed"]
     prompts, chat, yarn = cfg.get("prompts", "project"), bool(cfg.get("chat_template", False)), cfg.get("yarn_factor")
+    windows = cfg.get("native_window")
     device = resolve_device(device)
     oneruler = None
     if prompts == "oneruler":
@@ -386,35 +501,34 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
     for m in pairs.analysis_models(**params["models"]):
         t0 = time.perf_counter()
         model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
-        applied = None
-        if yarn is not None:
-            from hybridlab.models.rope import apply_yarn
-
-            applied = yarn if apply_yarn(model, yarn) is not None else None  # None: a NoPE model
+        native = native_window_of(m, model, windows) if yarn is not None else None
         settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
-                                 "yarn_factor": [applied]},
-                                schema={"prompts": pl.String, "chat_template": pl.Boolean, "yarn_factor": pl.Float64})
+                                 "native_window": [native]},
+                                schema={"prompts": pl.String, "chat_template": pl.Boolean, "native_window": pl.Int64})
         if m.tokenizer not in suites:
             suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
                                                    n_per_cell=cfg["examples_per_cell"], seed=seed,
                                                    oneruler=oneruler, chat=chat)
-        rows = pl.concat([run_niah(model, tok, examples, budget, device=device)
+        rows = pl.concat([run_niah(model, tok, examples, budget, device=device, yarn_factor=yarn,
+                                   native_window=native)
                           for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg["answer_slack_tokens"])])
         tables.append(pl.DataFrame(pairs.pair_rows(m)).join(settings, how="cross").join(rows, how="cross"))
         del model
-        log(f"  {m.name}: {rows.height} examples, accuracy {rows['correct'].mean():.3f}, "
-            f"{time.perf_counter() - t0:.1f}s")
+        log(f"  {m.name}: {rows.height} examples, {int(rows['oom'].sum())} OOM, accuracy over completed "
+            f"{rows['correct'].mean() or 0.0:.3f}, native window {native}, {time.perf_counter() - t0:.1f}s")
 
     examples = pl.concat(tables).sort("model", "pair", "lang", "task", "target_tokens", "depth")
+    head = ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
+    examples = examples.select(head + [c for c in examples.columns if c not in head])
     summary = (examples.group_by("model", "pair", "role", "lang", "task", "target_tokens", *NIAH_SETTINGS)
-               .agg(pl.len().alias("n"), pl.col("correct").mean().alias("accuracy"),
-                    pl.col("score").mean(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),
+               .agg(*_completed_aggs(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),
                     pl.col("seconds").mean(), pl.col("peak_memory_bytes").max(), pl.col("memory_kind").first(),
                     pl.col("oom").any(), pl.col("oom").mean().alias("oom_rate"))
                .rename({"target_tokens": "context_tokens"})
                .sort("model", "pair", "lang", "task", "context_tokens"))
     # the settings after the measurements (the table's schema order)
-    summary = summary.select([c for c in summary.columns if c not in NIAH_SETTINGS] + list(NIAH_SETTINGS))
+    summary = summary.select([c for c in summary.columns if c not in ("n_oom", "oom_rate", *NIAH_SETTINGS)]
+                             + ["n_oom", "oom_rate", *NIAH_SETTINGS])
     log(str(summary.group_by("model", "context_tokens").agg(pl.col("accuracy").mean(), pl.col("seconds").mean())
             .sort("model", "context_tokens")))
     return examples, summary

@@ -369,43 +369,124 @@ def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
     return out
 
 
+NIAH_LENGTH = "hybrids degrade less with context length in multilingual NIAH"
+NIAH_OOM = "hybrids hit OOM less often than dense models in multilingual NIAH"
+
+
+def niah_counts(niah: pl.DataFrame) -> pl.DataFrame:
+    """Per (pair, role, lang, task, context_tokens): k correct of `done` completed examples and `n_oom` out of
+    memory. The NIAH table's `n` counts completed examples and `accuracy` is over them (`n_oom` beside);
+    a table without `n_oom` (written when an OOM counted as a wrong answer, n = all examples) is read as
+    n_oom = round(oom_rate x n), done = n - n_oom, k = round(accuracy x n)."""
+    df = niah
+    if "n_oom" not in df.columns:
+        rate = pl.col("oom_rate") if "oom_rate" in df.columns else pl.col("oom").cast(pl.Float64)
+        df = df.with_columns(n_oom=(rate * pl.col("n")).round().cast(pl.Int64), done=pl.col("n").cast(pl.Int64),
+                             k=(pl.col("accuracy").fill_null(0.0) * pl.col("n")).round().cast(pl.Int64))
+        df = df.with_columns(done=pl.col("done") - pl.col("n_oom"))
+    else:
+        df = df.with_columns(done=pl.col("n").cast(pl.Int64), n_oom=pl.col("n_oom").cast(pl.Int64),
+                             k=(pl.col("accuracy").fill_null(0.0) * pl.col("n")).round().cast(pl.Int64))
+    return (df.group_by(["pair", "role", "lang", "task", "context_tokens"])
+            .agg(pl.col("k").sum(), pl.col("done").sum(), pl.col("n_oom").sum()))
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> tuple[float, float, float]:
+    """(p1 - p2, lo, hi): Newcombe's hybrid score interval of a difference of two independent proportions,
+    from the Wilson intervals (l_i, u_i) of each: lo = d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
+    hi = d + sqrt((u1 - p1)^2 + (p2 - l2)^2)."""
+    a, b = stats.wilson_interval(k1, n1, level), stats.wilson_interval(k2, n2, level)
+    d = a.estimate - b.estimate
+    return (d, d - math.sqrt((a.estimate - a.lo) ** 2 + (b.hi - b.estimate) ** 2),
+            d + math.sqrt((a.hi - a.estimate) ** 2 + (b.estimate - b.lo) ** 2))
+
+
+def _niah_oom_row(pair: str, g: pl.DataFrame, rule: dict) -> dict:
+    """OOM rate over all of the pair's examples (every language, task and length), hybrid minus dense."""
+    tot = {r["role"]: (int(r["n_oom"]), int(r["n_oom"] + r["done"]))
+           for r in g.group_by("role").agg(pl.col("n_oom").sum(), pl.col("done").sum()).iter_rows(named=True)}
+    over = ("examples (Newcombe interval from the two Wilson intervals; "
+            + ("fixed published models)" if rule["units"] else "first seed's models)"))
+    definition = "OOM rate over all examples (every language, task and length), hybrid minus dense"
+    if any(tot.get(role, (0, 0))[1] == 0 for role in ("hybrid", "dense")):
+        return _row(MULTI, NIAH_OOM, pair, definition, -1, math.nan, math.nan, math.nan, over, rule["n_seeds"], "",
+                    math.nan, "niah", "skipped: a model has no examples", verdict=stats.INCONCLUSIVE)
+    (kh, nh), (kd, nd) = tot["hybrid"], tot["dense"]
+    d, lo, hi = newcombe_difference(kh, nh, kd, nd)
+    return _row(MULTI, NIAH_OOM, pair, definition, -1, d, lo, hi, over, rule["n_seeds"], "", math.nan, "niah",
+                f"OOM in {kh} of {nh} hybrid and {kd} of {nd} dense examples (examples skipped after an OOM at a "
+                "shorter length count as OOM)", units=rule["units"])
+
+
+def _niah_length_row(pair: str, g: pl.DataFrame, rule: dict, seed: int) -> dict | None:
+    """Accuracy change shortest -> longest context, hybrid minus dense, on the (lang, task) strata both models
+    completed at both lengths (every example, no OOM); the longest length is the longest with such a
+    stratum. Effect: mean over those strata; interval: parametric bootstrap within each stratum (each of
+    its four cells redrawn as Binomial(done, k / done), the exact resampling of its examples)."""
+    ctx = sorted(g["context_tokens"].unique().to_list())
+    if len(ctx) < 2 or set(g["role"]) != {"hybrid", "dense"}:
+        return None
+    cell = {(r["role"], r["lang"], r["task"], r["context_tokens"]): (r["k"], r["done"], r["n_oom"])
+            for r in g.iter_rows(named=True)}
+
+    def completed(lang, task, c):
+        return all((v := cell.get((role, lang, task, c))) is not None and v[1] > 0 and v[2] == 0
+                   for role in ("hybrid", "dense"))
+
+    strata = sorted({(lang, task) for _, lang, task, _ in cell})
+    short, long, use = ctx[0], None, []
+    for c in reversed(ctx[1:]):
+        use = [s for s in strata if completed(*s, short) and completed(*s, c)]
+        if use:
+            long = c
+            break
+    over = ("examples (parametric bootstrap within language x task strata; "
+            + ("fixed published models)" if rule["units"] else "first seed's models)"))
+    if long is None:
+        return _row(MULTI, NIAH_LENGTH, pair, "accuracy change shortest -> longest context both models completed, "
+                    "hybrid minus dense", +1, math.nan, math.nan, math.nan, over, rule["n_seeds"], "", math.nan,
+                    "niah", "skipped: no language x task completed by both models (no OOM) at the shortest and a "
+                    "longer length", verdict=stats.INCONCLUSIVE)
+    keys = [(role, *s, c) for s in use for role, c in (("hybrid", long), ("hybrid", short), ("dense", long),
+                                                        ("dense", short))]
+    k = np.array([cell[key][0] for key in keys], dtype=np.float64).reshape(len(use), 4)
+    n = np.array([cell[key][1] for key in keys], dtype=np.int64).reshape(len(use), 4)
+    sign = np.array([1.0, -1.0, -1.0, 1.0])  # (h_long - h_short) - (d_long - d_short)
+
+    def effect(acc):  # acc: (..., strata, 4) -> mean over strata
+        return (acc * sign).sum(axis=-1).mean(axis=-1)
+
+    p = k / n
+    rng = np.random.default_rng(seed)
+    reps = effect(rng.binomial(n, p, size=(U.N_BOOT, *n.shape)) / n)
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    left = [c for c in ctx if c > long]
+    note = f"{len(use)} of {len(strata)} language x task strata completed by both models at {short} and {long}"
+    if left:
+        note += f"; longer lengths without such a stratum (OOM): {', '.join(map(str, left))}"
+    return _row(MULTI, NIAH_LENGTH, pair,
+                f"accuracy change {short} -> {long} tokens, hybrid minus dense, mean over language x task strata "
+                "completed by both models (accuracy over completed examples)", +1, float(effect(p)), float(lo),
+                float(hi), over, rule["n_seeds"], "", math.nan, "niah", note, units=rule["units"])
+
+
 def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:
-    from hybridlab.plots import figures
-
+    """The two NIAH findings per pair: the OOM rate (an OOM is its own outcome, not a wrong answer) and the
+    length effect on completed cells only."""
     out = []
-    finding = "hybrids degrade less with context length in multilingual NIAH"
     models = pair_models(niah)
-    cells = figures.niah_cells(niah)
-    for (pair,), g in cells.sort(["pair", "context_tokens"]).group_by(["pair"], maintain_order=True):
+    counts = niah_counts(niah)
+    for (pair,), g in counts.sort(["pair", "context_tokens"]).group_by(["pair"], maintain_order=True):
         if models.get(pair, {}).get("dense") is None:
-            out.append(_no_dense_row(finding, pair, "niah", +1))
+            out += [_no_dense_row(NIAH_LENGTH, pair, "niah", +1), _no_dense_row(NIAH_OOM, pair, "niah", -1)]
             continue
-        ctx = sorted(g["context_tokens"].unique().to_list())
-        if len(ctx) < 2 or set(g["role"]) != {"hybrid", "dense"}:
+        if set(g["role"]) != {"hybrid", "dense"}:
             continue
-        pick = {}
-        for role in ("hybrid", "dense"):
-            for c in (ctx[0], ctx[-1]):
-                r = g.filter((pl.col("role") == role) & (pl.col("context_tokens") == c))
-                pick[role, c] = (int(r["k"].sum()), int(r["n"].sum()))
-        if any(n == 0 for _, n in pick.values()):
-            continue
-
-        def effect(p):
-            return (p["hybrid", ctx[-1]] - p["hybrid", ctx[0]]) - (p["dense", ctx[-1]] - p["dense", ctx[0]])
-
-        phat = {key: k / n for key, (k, n) in pick.items()}
-        rng = np.random.default_rng(seed)  # parametric bootstrap: each cell's accuracy redrawn as Binomial(n, p)
-        reps = [effect({key: rng.binomial(n, phat[key]) / n for key, (k, n) in pick.items()})
-                for _ in range(U.N_BOOT)]
-        lo, hi = np.quantile(reps, [0.025, 0.975])
         rule = _analysis_rule(pair, models[pair], "examples")
-        over = ("examples (parametric bootstrap of the four cells; "
-                + ("fixed published models)" if rule["units"] else "first seed's models)"))
-        out.append(_row(MULTI, finding, pair,
-                        f"accuracy change {ctx[0]} -> {ctx[-1]} tokens, hybrid minus dense (all languages and tasks)",
-                        +1, effect(phat), float(lo), float(hi), over, rule["n_seeds"], "", math.nan, "niah",
-                        units=rule["units"]))
+        out.append(_niah_oom_row(pair, g, rule))
+        row = _niah_length_row(pair, g, rule, seed)
+        if row is not None:
+            out.append(row)
     return out
 
 
