@@ -17,6 +17,7 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
+from hybridlab.atomic import disk_full  # noqa: E402
 from hybridlab.errors import HybridlabError  # noqa: E402
 from hybridlab.heap import retain_freed_memory  # noqa: E402
 from hybridlab.train.jobs import is_main  # noqa: E402
@@ -78,8 +79,9 @@ def _provenance() -> None:
 
 
 def run(main) -> None:
-    """Call `main()`, then write provenance for `--out`; user errors become one line + exit code 1. Freed
-    memory stays in the process (`hybridlab.heap`: no page faults for each update's fresh tensors)."""
+    """Call `main()`, then write provenance for `--out`; user errors and a full disk become one line + exit
+    code 1. Freed memory stays in the process (`hybridlab.heap`: no page faults for each update's fresh
+    tensors)."""
     retain_freed_memory()
     try:
         main()
@@ -87,4 +89,10 @@ def run(main) -> None:
             _provenance()
     except HybridlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as exc:  # a write outside the atomic writers that found the disk full
+        if not disk_full(exc):
+            raise
+        where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"error: no space left on device{where}; free space and rerun the same command", file=sys.stderr)
         sys.exit(1)

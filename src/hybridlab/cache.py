@@ -19,11 +19,20 @@ the metadata (params, code, input checksums) of each job, exactly as a local bui
 dry run then has nothing to do, deleting one output rebuilds only that job, and later changes to
 params or code trigger reruns as usual. Jobs whose outputs were not cached are not touched.
 
+Interrupted pulls: a pull records the stages it fetches in `.dvc/tmp/hybridlab-cache-pull.json` and
+removes the record when it has finished; a rerun that finds the record completes the pull, letting DVC
+overwrite the files the interrupted one left half-written (a bare `dvc pull` refuses them as "unsaved").
+Checksums: DVC does not check what it restores against dvc.lock by default (neither a download nor a
+damaged local cache object), so after the pull every file of the pulled stages is hashed against dvc.lock
+(`verify_pulled`); a mismatch is one line, and the file and its damaged cache object are removed so that a
+rerun fetches it again.
+
 All DVC calls run one after another (DVC allows one process per repository at a time).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
@@ -34,6 +43,7 @@ from typing import Sequence
 
 import yaml
 
+from hybridlab.atomic import rebuild_hint, write_text
 from hybridlab.errors import HybridlabError
 
 PHASES = ("data", "models", "train", "eval", "figures")
@@ -41,6 +51,8 @@ SCALES = ("smoke", "tiny", "paper")
 # The cores a plain local `snakemake` run gets from profiles/default: rules may size threads from
 # `workflow.cores`, and the DAG must be parsed the same way as by the run that comes next.
 _CORES = ("--cores", "all")
+# Written when a pull starts, removed when it has finished: its presence means the last pull was interrupted.
+PULL_RECORD = Path(".dvc") / "tmp" / "hybridlab-cache-pull.json"
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,16 @@ class PullReport:
     not_cached: list[str]
     n_marked: int
     to_build: dict[str, int] = field(default_factory=dict)
+    resumed: bool = False
+    n_verified: int = 0
 
     def summary(self) -> str:
         lines = [f"pulled stages ({self.scale}): {', '.join(self.pulled)}; "
                  f"{self.n_marked} output files marked complete for Snakemake"]
+        if self.resumed:
+            lines.append("completed an interrupted pull")
+        if self.n_verified:
+            lines.append(f"{self.n_verified} pulled files match their checksums in dvc.lock")
         if self.not_cached:
             lines.append(f"not in dvc.lock (Snakemake builds them): {', '.join(self.not_cached)}")
         if self.to_build:
@@ -224,7 +242,18 @@ def pull(targets: Sequence[str] = ("all",), *, repo: str | Path = ".", scale: st
                              "Snakemake and cache them (`dvc commit` + `dvc push`), or check out a commit "
                              "whose dvc.lock has them")
 
-    dvc_pull(repo, stages, remote=remote, jobs=jobs, force=force)
+    record = repo / PULL_RECORD
+    resumed = record.is_file()
+    write_text(record, json.dumps({"stages": stages}) + "\n")
+    try:
+        dvc_pull(repo, stages, remote=remote, jobs=jobs, force=force or resumed)
+    except HybridlabError as exc:
+        if not resumed and "unsaved files" in str(exc):  # the user's own changes, not an interrupted pull's
+            record.unlink(missing_ok=True)
+            raise HybridlabError(f"{exc}; these are local changes to pulled outputs: rerun with --force to "
+                                 "replace them with the cached ones") from exc
+        raise
+    n_verified = verify_pulled(repo, stages)
     stale = stale_stages(repo, stages)
     if stale:
         detail = "; ".join(f"{stage}: {', '.join(changes)}" for stage, changes in stale.items())
@@ -232,8 +261,86 @@ def pull(targets: Sequence[str] = ("all",), *, repo: str | Path = ".", scale: st
                              "produced dvc.lock, or rebuild those phases with Snakemake (--forcerun)")
     outputs = complete_outputs(repo, stage_targets(repo, stages), scale)
     mark_complete(repo, outputs, scale)
+    record.unlink(missing_ok=True)
     return PullReport(scale=scale, pulled=stages, not_cached=[p for p in wanted if p not in locked],
-                      n_marked=len(outputs), to_build=pending_jobs(repo, targets, scale))
+                      n_marked=len(outputs), to_build=pending_jobs(repo, targets, scale), resumed=resumed,
+                      n_verified=n_verified)
+
+
+def verify_pulled(repo: Path, stages: Sequence[str]) -> int:
+    """Hash every file of the stages' outs (DVC 3 md5 entries of dvc.lock) against dvc.lock; returns the count.
+
+    A mismatch removes the file and, when its cache object is damaged too, that object (so a rerun fetches it
+    again), then raises one line naming the file.
+    """
+    repo = Path(repo)
+    lock = (yaml.safe_load((repo / "dvc.lock").read_text()) or {}).get("stages") or {}
+    cache_dir = _cache_dir(repo)
+    n = 0
+    for stage in stages:
+        for out in lock.get(stage, {}).get("outs") or []:
+            if out.get("hash") != "md5" or not out.get("md5"):
+                continue  # DVC 2 entries (md5 of text files with unix line ends) are not recomputed here
+            path, want = repo / out["path"], out["md5"]
+            if not want.endswith(".dir"):
+                _check_pulled(repo, path, want, cache_dir)
+                n += 1
+                continue
+            listing = _object(cache_dir, want)
+            if not listing.is_file() or _md5(listing) != want.removesuffix(".dir"):
+                if listing.is_file():
+                    _drop(listing)
+                raise HybridlabError(f"the cached listing of {out['path']} ({listing}) is missing or damaged; "
+                                     "rerun `hybridlab cache pull` to fetch it again")
+            for entry in json.loads(listing.read_text()):
+                _check_pulled(repo, path / entry["relpath"], entry["md5"], cache_dir)
+                n += 1
+    return n
+
+
+def _check_pulled(repo: Path, path: Path, want: str, cache_dir: Path) -> None:
+    rel = path.relative_to(repo).as_posix()
+    if not path.is_file():
+        raise HybridlabError(f"pulled file {rel} is missing after `dvc pull`; rerun `hybridlab cache pull`")
+    got = _md5(path)
+    if got == want:
+        return
+    obj = _object(cache_dir, want)
+    if obj.is_file() and not obj.samefile(path) and _md5(obj) == want:
+        detail = "the workspace copy is damaged"
+    else:
+        detail = "its cache object is damaged, removed"
+        if obj.is_file():
+            _drop(obj)
+    _drop(path)
+    raise HybridlabError(f"pulled file {rel} does not match its checksum in dvc.lock (md5 {got} != {want}; {detail}); "
+                         "it was removed: rerun `hybridlab cache pull` to fetch it again, and if this repeats the "
+                         f"remote's copy is damaged: {rebuild_hint(rel)}, then `dvc commit` + `dvc push`")
+
+
+def _cache_dir(repo: Path) -> Path:
+    out = _run([sys.executable, "-m", "dvc", "cache", "dir"], repo, "dvc cache dir").stdout.strip().splitlines()
+    return Path(out[-1]) if out else Path(repo) / ".dvc" / "cache"
+
+
+def _object(cache_dir: Path, md5: str) -> Path:
+    return Path(cache_dir) / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _drop(path: Path) -> None:
+    try:
+        path.chmod(0o644)  # DVC makes cache objects read-only
+    except OSError:
+        pass
+    path.unlink(missing_ok=True)
 
 
 def _dvc_yaml(repo: Path) -> dict:

@@ -5,15 +5,19 @@ A hybrid directory holds:
 - ``config.json``: the BASE (teacher) transformers config, unchanged, so the decoder class and its
   ``layer_types`` (masks, RoPE) are rebuilt exactly;
 - ``hybrid.json``: the :class:`~hybridlab.models.convert.HybridSpec` (FA layers, mixer kind, mixer
-  config, q/k-norm mode, seed, base model) plus the format version, dtype, architecture and the
-  hybridlab / transformers versions that wrote it;
+  config, q/k-norm mode, seed, base model) plus the format version, dtype, architecture, the
+  hybridlab / transformers versions that wrote it and ``files``, the sha256 of every other file it
+  wrote (written last, so its presence marks a complete directory);
 - ``model.safetensors``: every parameter and persistent buffer (tied weights stored once);
 - optionally ``generation_config.json`` and the tokenizer files.
 
 ``load_hybrid`` rebuilds the teacher architecture from ``config.json`` without random init, swaps in
 the mixers from ``hybrid.json`` and loads the weights strictly: any missing, unexpected or mis-shaped
-tensor, unreadable JSON or truncated safetensors raises one ``HybridlabError`` line.
-Files are written to a temporary name and renamed, so a killed save never leaves a half file.
+tensor, unreadable JSON, truncated safetensors or a file whose sha256 differs from ``files`` (damaged or
+edited, whatever its mtime) raises one ``HybridlabError`` line naming the file and how to rebuild it.
+Directories without ``files`` (older ones) load without the checksum check. A save that fails (a full
+disk: one line) removes what it wrote; hybrid.json and the weights are written under a temporary name and
+renamed, so a killed save never leaves a half file or a hybrid.json.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from hybridlab.atomic import atomic_file, write_text
+from hybridlab.atomic import atomic_file, digests, disk_full, rebuild_hint, verify_digests, write_text
 from hybridlab.errors import HybridlabError
 
 SPEC_FILE = "hybrid.json"
@@ -43,17 +47,46 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
 
     spec = hybrid_spec(model)
     out = Path(path)
+    existed = out.is_dir()
+    before = {p.name for p in out.iterdir()} if existed else set()
     out.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(out)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(out)
-    with atomic_file(out / WEIGHTS_FILE) as tmp:
-        save_model(model, str(tmp), metadata={"format": "pt"})
+    try:
+        model.config.save_pretrained(out)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(out)
+        with atomic_file(out / WEIGHTS_FILE) as tmp:
+            save_model(model, str(tmp), metadata={"format": "pt"})
+        written = {CONFIG_FILE, WEIGHTS_FILE} | ({"generation_config.json"} & {p.name for p in out.iterdir()})
+        if tokenizer is not None:
+            saved = tokenizer.save_pretrained(out)
+            written |= {Path(f).name for f in saved or () if Path(f).parent == out and Path(f).is_file()}
+        _write_spec(out, model, spec, digests(out, written), hybridlab.__version__, transformers.__version__)
+    except Exception as exc:
+        _remove_new(out, before, existed)  # no half-written hybrid under the final name
+        if disk_full(exc):
+            raise HybridlabError(f"no space left on device writing hybrid directory {out}; nothing was written "
+                                 "there: free space and rerun the same command") from exc
+        raise
+    return out
+
+
+def _remove_new(out: Path, before: set[str], existed: bool) -> None:
+    import shutil
+
+    if not existed:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for p in out.iterdir():
+        if p.name not in before:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _write_spec(out: Path, model, spec, files: dict[str, str], version: str, transformers_version: str) -> None:
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "hybridlab_version": hybridlab.__version__,
-        "transformers_version": transformers.__version__,
+        "hybridlab_version": version,
+        "transformers_version": transformers_version,
         "architecture": type(model).__name__,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "fa_layers": spec.fa_layers,
@@ -65,11 +98,15 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
         "base_model": spec.base_model,
         "layer_types": spec.layer_types,
         "extra": spec.extra,
+        "files": files,
     }
     write_text(out / SPEC_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    return out
+
+
+def _fix(directory: Path) -> str:
+    """How to rebuild a damaged hybrid directory: force the job that wrote it, or re-save it."""
+    target = directory.parent / "index.json" if directory.parent.name == "score_checkpoints" else directory / CONFIG_FILE
+    return rebuild_hint(target, default="re-save it with save_hybrid")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -85,23 +122,36 @@ def read_spec(path) -> dict:
     missing = [f for f in (SPEC_FILE, CONFIG_FILE, WEIGHTS_FILE) if not (directory / f).is_file()]
     if missing:
         raise HybridlabError(
-            f"'{directory}' is not a complete hybrid directory (missing {', '.join(missing)}); re-save it with save_hybrid"
+            f"'{directory}' is not a complete hybrid directory (missing {', '.join(missing)}); {_fix(directory)}"
         )
     try:
         record = json.loads((directory / SPEC_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HybridlabError(f"'{directory / SPEC_FILE}' is not valid JSON ({_first_line(exc)}); re-save the hybrid") from exc
+        raise HybridlabError(
+            f"'{directory / SPEC_FILE}' is not valid JSON ({_first_line(exc)}); {_fix(directory)}"
+        ) from exc
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise HybridlabError(f"'{directory / SPEC_FILE}' is not a hybridlab hybrid spec; re-save it with save_hybrid")
+        raise HybridlabError(f"'{directory / SPEC_FILE}' is not a hybridlab hybrid spec; {_fix(directory)}")
     if record.get("format_version") != FORMAT_VERSION:
         raise HybridlabError(
             f"'{directory}' uses hybrid format version {record.get('format_version')}, this hybridlab reads "
-            f"{FORMAT_VERSION}; re-save it with this hybridlab version"
+            f"{FORMAT_VERSION}; {_fix(directory)}"
         )
     required = ("fa_layers", "mixer_kind", "mixer_config", "num_layers", "qk_norm", "seed", "dtype")
     absent = [k for k in required if k not in record]
     if absent:
-        raise HybridlabError(f"'{directory / SPEC_FILE}' lacks {', '.join(absent)}; re-save it with save_hybrid")
+        raise HybridlabError(f"'{directory / SPEC_FILE}' lacks {', '.join(absent)}; {_fix(directory)}")
+    files = record.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise HybridlabError(f"'{directory / SPEC_FILE}' has a damaged 'files' checksum list; {_fix(directory)}")
+    return record
+
+
+def verify_hybrid(path) -> dict:
+    """read_spec plus the sha256 of every file hybrid.json lists (none listed: written before checksums)."""
+    directory = Path(path)
+    record = read_spec(directory)
+    verify_digests(directory, record.get("files", {}), _fix(directory), what="hybrid file")
     return record
 
 
@@ -115,16 +165,16 @@ def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.d
     from hybridlab.models.convert import HybridSpec, apply_hybrid_structure
 
     directory = Path(path)
-    record = read_spec(directory)
+    record = verify_hybrid(directory)
     try:
         config = AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise HybridlabError(
-            f"'{directory / CONFIG_FILE}' is not a readable transformers config ({_first_line(exc)}); re-save the hybrid"
+            f"'{directory / CONFIG_FILE}' is not a readable transformers config ({_first_line(exc)}); {_fix(directory)}"
         ) from exc
     saved_dtype = getattr(torch, record["dtype"], None)
     if not isinstance(saved_dtype, torch.dtype):
-        raise HybridlabError(f"'{directory / SPEC_FILE}' names unknown dtype {record['dtype']!r}; re-save the hybrid")
+        raise HybridlabError(f"'{directory / SPEC_FILE}' names unknown dtype {record['dtype']!r}; {_fix(directory)}")
     spec = HybridSpec(
         fa_layers=list(record["fa_layers"]),
         mixer_kind=record["mixer_kind"],
@@ -143,18 +193,19 @@ def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.d
         apply_hybrid_structure(model, spec)
     except TypeError as exc:  # MixerConfig(**mixer_config) with fields this hybridlab does not know
         raise HybridlabError(
-            f"'{directory / SPEC_FILE}' has an incompatible mixer_config ({_first_line(exc)}); re-save the hybrid"
+            f"'{directory / SPEC_FILE}' has an incompatible mixer_config ({_first_line(exc)}); {_fix(directory)}"
         ) from exc
     try:
         missing, unexpected = load_model(model, str(directory / WEIGHTS_FILE), strict=False)
     except (SafetensorError, RuntimeError, OSError) as exc:
         raise HybridlabError(
-            f"cannot load '{directory / WEIGHTS_FILE}' ({_first_line(exc)}); the file is corrupt or from another model"
+            f"cannot load '{directory / WEIGHTS_FILE}' ({_first_line(exc)}); the file is corrupt or from another "
+            f"model: {_fix(directory)}"
         ) from exc
     if missing or unexpected:
         raise HybridlabError(
             f"'{directory / WEIGHTS_FILE}' does not match hybrid.json + config.json (missing {sorted(missing)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}); re-save the hybrid"
+            f"unexpected {sorted(unexpected)[:3]}); {_fix(directory)}"
         )
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)

@@ -864,7 +864,18 @@ def read_tables(items: list[str]) -> dict[str, pl.DataFrame]:
     """`NAME=PATH` / `NAME/RUN=PATH` items (make_figure.py's --tables) -> {table: DataFrame}.
 
     NAME=PATH reads one parquet table; NAME/RUN=PATH, NAME one of RUN_TABLES, reads one training log per
-    run, and the runs of NAME are concatenated into one table with a `run` column (`concat_runs`)."""
+    run, and the runs of NAME are concatenated into one table with a `run` column (`concat_runs`). A damaged
+    file (truncated, hand-edited, not parquet) raises one line naming it and how to rebuild it."""
+    from hybridlab.atomic import rebuild_hint
+
+    def _read_parquet(path: str, name: str) -> pl.DataFrame:
+        try:
+            return pl.read_parquet(path)
+        except Exception as exc:  # polars raises several kinds (ComputeError, OSError, ...) for a bad file
+            reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+            raise HybridlabError(f"table file {path} (for '{name}') is damaged or not a parquet table ({reason}); "
+                                 f"{rebuild_hint(path)}") from exc
+
     plain, runs = {}, {}
     for item in items:
         name, sep, path = item.partition("=")
@@ -876,11 +887,11 @@ def read_tables(items: list[str]) -> dict[str, pl.DataFrame]:
         if slash:
             if table not in RUN_TABLES:
                 raise HybridlabError(f"'{name}': only {list(RUN_TABLES)} take per-run files (NAME/RUN=PATH)")
-            runs.setdefault(table, {})[run] = pl.read_parquet(path)
+            runs.setdefault(table, {})[run] = _read_parquet(path, name)
         else:
             if name in plain:
                 raise HybridlabError(f"table '{name}' given twice in --tables")
-            plain[name] = pl.read_parquet(path)
+            plain[name] = _read_parquet(path, name)
     for table, frames in runs.items():
         plain[table] = concat_runs(frames)
     return plain

@@ -10,9 +10,12 @@ Layout: `<out_dir>/checkpoints/step_<9 digits>/` holding
   data sampler position and the RNG states of every rank (python, numpy, torch CPU, CUDA). The lr
   schedule is a function of the step, so it needs no state of its own.
 
-A checkpoint is written into `.tmp_step_…` by all ranks, then rank 0 writes `state.pt`, fsyncs and
-renames the directory into place, so a run killed while writing leaves either the complete
-directory or an ignored temp directory. Only the newest `keep_last_k` are kept. Checkpoints with
+A checkpoint is written into `.tmp_step_…` by all ranks, then rank 0 writes `state.pt` and
+`checksums.sha256` (the sha256 of every file, `hybridlab.atomic.write_manifest`), fsyncs and renames the
+directory into place, so a run killed while writing leaves either the complete directory or an ignored
+temp directory; a full disk removes the temp directory and stops with one line. On resume the checksums
+are verified (split over the ranks), so a damaged or edited file is named before anything is loaded;
+checkpoints without checksums (older ones) are read as before. Only the newest `keep_last_k` are kept. Checkpoints with
 non-finite weights are never written. A checkpoint that cannot be read or does not fit the run
 (truncated file, other model shapes, other config hash or fingerprint) raises a one-line
 `HybridlabError` naming the file and the fix, before anything is written.
@@ -33,7 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
-from hybridlab.atomic import publish
+from hybridlab.atomic import disk_full, publish, verify_manifest, write_manifest
 from hybridlab.errors import HybridlabError
 
 STATE_FILE = "state.pt"
@@ -113,12 +116,23 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizer
             optim[name] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
             held[name] = {k: (list(v.shape), str(v.dtype).removeprefix("torch."), _is_param_like(v, p))
                           for k, v in optim[name].items()}
-    dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
-    barrier()
+    try:
+        dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
+        barrier()
+        if is_main:
+            torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, tmp / STATE_FILE)
+            write_manifest(tmp)  # last: the checksums of every file above
+            for f in tmp.iterdir():
+                _fsync(f)
+    except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(e):
+            raise HybridlabError(f"no space left on device writing checkpoint {final}; nothing was written there: "
+                                 "free space and rerun the same command (training resumes from the last "
+                                 "checkpoint)") from e
+        raise
     if is_main:
-        torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, tmp / STATE_FILE)
-        for f in tmp.iterdir():
-            _fsync(f)
         publish(tmp, final)  # a step re-written deliberately replaces the old directory in a short swap
         _fsync(ckpt_dir)
         for _, path in list_checkpoints(ckpt_dir)[:-keep_last_k]:
@@ -131,6 +145,8 @@ def read_state(path: str | Path, config_hash: str, fingerprint: str | None) -> d
     """The small rank-0 state of a checkpoint, checked against this run; HybridlabError if unusable."""
     path = Path(path)
     state_file = path / STATE_FILE
+    share = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if _distributed() else (0, 1)
+    verify_manifest(path, _FIX, what="checkpoint file", share=share)
     try:
         state = torch.load(state_file, weights_only=True, map_location="cpu")
     except Exception as e:  # any unreadable file is reported the same way: name it and the fix
