@@ -10,6 +10,9 @@ pipeline's `log_every`), built exactly as the pipeline builds it, for
   `standard_periodic` placement (`experiments.distill.fa_ratio`) and the GDN mixer: `Stage2Task`, i.e.
   the frozen teacher's forward plus the chunked KL(teacher || student) of the logits, with the
   `train.distill.stage2` settings and `kl_chunk_tokens` / `kl_vocab_chunk`;
+- `smollm2_forward` / `smollm2_stage2` (run when named in `--only`): the real preset's shapes, a
+  SmolLM2-135M-shaped Llama (30 layers, hidden 576, 9/3 heads of 64, vocabulary 49,152): its forward with
+  logits, and distillation stage 2 of its reverse-periodic GDN student, on 4 x 512-token rows in fp32;
 - `spaced_retrieval`: the BLD Spaced Retrieval hybrid (`experiments.bld_sr` pattern and mixer, KDA:
   attention 2:2, `train.bld_sr.model` shape) on `SpacedRetrievalTask` with the `train.bld_sr` settings,
   on a train split drawn with the preset's `data.spaced_retrieval` gap mix.
@@ -43,7 +46,8 @@ FLOPs counted (2 per multiply-add; "useful" work only, nothing the implementatio
 - `spaced_retrieval`: each micro-batch runs one forward per sequence length (`by_length`), so its
   FLOPs are summed over the real lengths; its tokens are the non-padding tokens.
 
-Targets: teacher step >= 35 % and hybrid student step >= 25 % of the matmul throughput (docs/performance.md).
+Targets: teacher step and SmolLM2 forward >= 35 %, hybrid student step and SmolLM2 stage 2 >= 25 % of the
+matmul throughput (docs/performance.md).
 Why a target is met or missed on this CPU: after the table, each of these two steps' `nn.Linear`
 GEMMs are timed alone at the step's own shapes (`linear_gemm_time`): their rate against the reference, the
 part of the update they take at that rate, and, for a missed target, how much faster the rest of the update
@@ -77,8 +81,15 @@ from hybridlab.train.config import TrainConfig
 from hybridlab.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("teacher", "student", "spaced_retrieval")
-TARGETS = {"teacher": 0.35, "student": 0.25}  # minimum MFU (docs/performance.md, "Targets")
+BENCHMARKS = ("teacher", "student", "spaced_retrieval", "smollm2_forward", "smollm2_stage2")
+DEFAULT = ("teacher", "student", "spaced_retrieval")  # the SmolLM2 workloads run when named (--only)
+# minimum MFU (docs/performance.md, "Targets")
+TARGETS = {"teacher": 0.35, "student": 0.25, "smollm2_forward": 0.35, "smollm2_stage2": 0.25}
+# SmolLM2-135M-Instruct's shape (the real preset's teacher) and the real preset's rows: 4 x 512 tokens
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+               head_dim=64, intermediate_size=1536, tie_word_embeddings=True, rope_theta=100000.0,
+               max_position_embeddings=8192)
+SMOLLM2_ROWS = (4, 512)
 STUDENT_PLACEMENT, STUDENT_MIXER = "standard_periodic", "gdn"
 
 
@@ -222,7 +233,65 @@ def setup_spaced_retrieval(C: dict) -> Setup:
                  {"collate_fn": sr.collate, "grad_norm_groups": grad_norm_groups(model)})
 
 
-SETUPS = {"teacher": setup_teacher, "student": setup_student, "spaced_retrieval": setup_spaced_retrieval}
+def build_smollm2(seed: int) -> nn.Module:
+    """A randomly initialised model of SmolLM2-135M's shape (a step's cost does not depend on the weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**SMOLLM2))
+
+
+def smollm2_rows(seed: int, n_rows: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(SMOLLM2["vocab_size"], (n_rows, SMOLLM2_ROWS[1]), generator=gen)
+
+
+def setup_smollm2_stage2(C: dict) -> Setup:
+    """Distillation stage 2 of the real preset's shape: the reverse-periodic GDN student of a SmolLM2-shaped
+    teacher, 4 x 512-token micro-batches, the real preset's KL chunking, in fp32 (the reference's precision)."""
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.models.placements import fa_layers
+    from hybridlab.train import distill
+
+    teacher = build_smollm2(C["seed"])
+    fa = fa_layers("reverse_periodic", SMOLLM2["num_hidden_layers"], ratio=C["experiments"]["distill"]["fa_ratio"])
+    student = convert_to_hybrid(teacher, fa, "gdn", seed=C["seed"])
+    for p in student.parameters():
+        p.requires_grad_(True)
+    task = distill.Stage2Task(teacher, chunk_tokens=1024)
+    run = {"steps": 100, "micro_batch_size": SMOLLM2_ROWS[0], "lr": 1e-4, "warmup_steps": 0, "precision": "fp32",
+           "seq_len": SMOLLM2_ROWS[1]}
+    s_count, t_count = FlopCounter.of(student), FlopCounter.of(teacher)
+
+    def batch_flops(b: torch.Tensor) -> float:
+        lengths = [b.shape[1]] * b.shape[0]
+        return s_count.train(lengths) + t_count.forward(lengths)
+
+    return Setup(student, task, smollm2_rows(C["seed"], 4 * SMOLLM2_ROWS[0]), run, batch_flops,
+                 f"SmolLM2-135M shape, reverse_periodic-gdn, FA layers {fa}, stage 2 with the frozen teacher",
+                 {"grad_norm_groups": distill.grad_norm_groups()}, gemm_parts=[(student, True), (teacher, False)])
+
+
+def run_forward(C: dict, steps: int, warmup: int) -> dict[str, float]:
+    """The SmolLM2-shaped teacher's forward (logits included) on 4 x 512 tokens, as the distillation and
+    analysis jobs run it; medians over `steps` timed passes after `warmup`."""
+    model = build_smollm2(C["seed"]).eval()
+    x = smollm2_rows(C["seed"], SMOLLM2_ROWS[0])
+    gflop = FlopCounter.of(model).forward([x.shape[1]] * x.shape[0]) / 1e9
+    dt = []
+    with torch.no_grad():
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            model(input_ids=x, use_cache=False)
+            if i >= warmup:
+                dt.append(time.perf_counter() - t0)
+    step = statistics.median(dt)
+    return {"step_s": step, "step_s_min": min(dt), "tokens_per_step": x.numel(), "gflop_per_step": gflop,
+            "tokens_per_s": x.numel() / step, "gflops": gflop / step}
+
+
+SETUPS = {"teacher": setup_teacher, "student": setup_student, "spaced_retrieval": setup_spaced_retrieval,
+          "smollm2_stage2": setup_smollm2_stage2}
 
 
 # ---- timing inside the real loop --------------------------------------------------------------------
@@ -317,7 +386,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed updates before the timed ones")
     ap.add_argument("--threads", type=int_at_least(1), default=2, help="torch CPU threads")
     ap.add_argument("--scale", default="tiny", help="config.yaml preset the models and runs come from")
-    ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS), help="benchmarks to run")
+    ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(DEFAULT),
+                    help="benchmarks to run (default: the tiny preset's three; smollm2_forward and smollm2_stage2 "
+                    "are the real preset's shapes)")
     return ap.parse_args(argv)
 
 
@@ -332,11 +403,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{args.steps} timed updates per benchmark")
     results = {}
     for name in args.only:
+        if name == "smollm2_forward":
+            print(f"  {name}: SmolLM2-135M shape, forward with logits, {SMOLLM2_ROWS[0]} x {SMOLLM2_ROWS[1]} tokens")
+            results[name] = run_forward(C, args.steps, args.warmup)
+            continue
         setup = SETUPS[name](C)
         print(f"  {name}: {setup.describe}")
         results[name] = run_benchmark(setup, args.steps, args.warmup)
         if setup.gemm_parts:
-            tokens = setup.run["micro_batch_size"] * C["data"]["seq_len"]
+            tokens = setup.run["micro_batch_size"] * setup.run.get("seq_len", C["data"]["seq_len"])
             seconds, gflops = linear_gemm_time(setup.gemm_parts, tokens)
             results[name]["linear_gemm_gflops"] = gflops
             results[name]["linear_gemm_s"] = seconds * setup.run.get("grad_accum", 1)

@@ -265,8 +265,9 @@ def test_findings_table_effects_cis_and_verdicts():
              and f == "the largest SoftCKA change across layers is at the hybrid's first FA layer"]
     assert sc["effect"] == pytest.approx(0.0) and sc["verdict"] == "inconclusive" and "one seed" in sc["note"]
     ni = get("hybrids degrade less", "teacher/sp-gdn")
-    # synthetic NIAH: hybrid 0.5 at 64 and 256; dense 0.5 at 64, 0 (OOM) at 256: effect 0 - (-0.5) = 0.5
-    assert ni["effect"] == pytest.approx(0.5) and ni["verdict"] == "inconclusive" and "one seed" in ni["note"]
+    # synthetic NIAH: the dense model runs out of memory at 256, so the length effect is read on the cells both
+    # completed (an OOM is its own outcome, not a wrong answer): no change with length for either model
+    assert ni["effect"] == pytest.approx(0.0) and ni["verdict"] == "inconclusive" and "one seed" in ni["note"]
 
 
 def test_decide_needs_two_seeds():
