@@ -319,6 +319,21 @@ STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
 DISTILL_RUNS = [(t, p, m, s) for t, p, m in STUDENTS for s in placement_seeds(C, p)]
 # Teachers converted from a GGUF file (models.gguf: teacher name -> file spec), by teacher key.
 GGUF_TEACHERS = {teacher_key(n): spec for n, spec in (C["models"].get("gguf") or {}).items()}
+
+
+def _check_gguf_files():
+    """A GGUF teacher's file must exist before anything runs (one line at `snakemake -n`, not a failed job)."""
+    from hybridlab.models.gguf import resolve_gguf
+
+    for spec in GGUF_TEACHERS.values():
+        try:
+            resolve_gguf(spec)
+        except HybridlabError as exc:
+            print(f"error: config: presets.{SCALE}.models.gguf: {exc}", file=sys.stderr)
+            sys.exit(1)
+
+
+_check_gguf_files()
 # tokenizer name -> the GGUF teacher whose converted directory holds it
 GGUF_TOKENIZERS = {teacher_tok(t): t for t in GGUF_TEACHERS}
 
