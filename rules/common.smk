@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from hybridlab.config import config_hash, experiment_seeds, placement_seeds, resolve, studies, validate
-from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, job_environment, local_sources
+from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, check_paths, job_environment, local_sources
 from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
 from hybridlab.plots import figures as _registry
@@ -25,6 +25,11 @@ except HybridlabError as _exc:
 
 C = resolve(config)
 SCALE = C["scale"]
+try:
+    check_paths(C)  # the active preset's local_sources exist (one line now, not a failed corpus job later)
+except HybridlabError as _exc:
+    print(f"error: {_exc}", file=sys.stderr)
+    sys.exit(1)
 # Hash of the whole resolved preset: shown in every report caption and recorded with every figure.
 CONFIG_HASH = config_hash(C)
 DATA = C["data"]
@@ -441,6 +446,7 @@ def distill_params(stage, seed):
         "gradient_checkpointing",
     ]
     keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
+    keys += ["keep_last_k"] if "keep_last_k" in d else []  # checkpoints kept (not part of the run's fingerprint)
     return as_json({**{k: d[k] for k in keys}, "seed": int(seed), **DOCUMENT_MASK})
 
 
@@ -517,6 +523,47 @@ def analysis_inputs():
     ]
 
 
+def model_slug(name):
+    """A model name as a file name and wildcard value (hub ids and nested paths: '/' -> '--')."""
+    return name.replace("/", "--")
+
+
+def _niah_models():
+    """{slug: AnalysisModel} of the NIAH analysis (one eval_niah job each), checked once."""
+    from hybridlab.eval.pairs import analysis_models
+
+    try:
+        models = analysis_models(**analysis_models_param())
+    except HybridlabError as exc:
+        print(f"error: config: presets.{SCALE}.eval.analysis: {exc}", file=sys.stderr)
+        sys.exit(1)
+    return {model_slug(m.name): m for m in models}
+
+
+NIAH_MODELS = _niah_models()
+_TEACHER_DIRS = {teacher_dir(t) for t in TEACHERS}
+
+
+def niah_model_params(slug):
+    """NIAH params of one model's job: the pairs it belongs to only (adding a model reruns no other job)."""
+    m, full = NIAH_MODELS[slug], analysis_models_param()
+    models = {
+        "distilled": [d for d in full["distilled"] if f"{d['teacher']}/{d['student']}" in m.pairs],
+        "hub_pairs": [p for p in full["hub_pairs"] if p["name"] in m.pairs],
+    }
+    A = C["eval"]["analysis"]
+    return as_json({"models": models, "dtype": A["dtype"], "seed": C["seed"], "english": C["languages"]["english"],
+                    "niah": A["niah"]})
+
+
+def niah_model_inputs(slug):
+    """The DAG files one NIAH job reads (none for a hub model)."""
+    m = NIAH_MODELS[slug]
+    if m.hub:
+        return []
+    return [f"{m.path}/{f}" for f in (MODEL_FILES if m.path in _TEACHER_DIRS else ("model.safetensors", "hybrid.json"))]
+
+
 def heads_position_params(section):
     """Params of the retrieval-heads / position-loss / lm-eval rules (presets.<scale>.eval.heads_position)."""
     hp = C.get("eval", {}).get("heads_position")
@@ -552,6 +599,20 @@ LM_BENCHMARK_TOKENIZERS = (
     if PAPER_PATH
     else []
 )
+
+
+# One lm-eval job per model, by slug (its name in the table, results/<phase>/<scale>/ dropped): its directory
+# and its tokenizer (the gather job keeps this order).
+LM_BENCHMARK_JOBS = {
+    model_slug("/".join(Path(d).parts[3:])): (d, tok) for d, tok in zip(LM_BENCHMARK_MODELS, LM_BENCHMARK_TOKENIZERS)
+}
+
+
+def wildcard_choice(names):
+    """Wildcard constraint: exactly `names`."""
+    import re
+
+    return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -131,18 +131,20 @@ rule eval_perplexity:
 
 
 rule eval_niah:
-    """OneRULER-style NIAH accuracy, runtime, peak memory and OOM per language and context length."""
+    """OneRULER-style NIAH of one model: per-example accuracy, runtime, peak memory and OOM per language, task
+    and context length (a rerun reuses the tasks a killed job finished)."""
     input:
-        models=analysis_inputs(),
+        models=lambda wc: niah_model_inputs(wc.model),
         mono=CORPUS["mono"],
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
-        table=R("eval", "niah.parquet"),
-        examples=R("eval", "niah_examples.parquet"),
+        R("eval", "niah/{model}.parquet"),
+    wildcard_constraints:
+        model=wildcard_choice(NIAH_MODELS),
     log:
-        LOG("eval", "niah"),
+        LOG("eval", "niah/{model}"),
     benchmark:
-        BENCH("eval", "niah")
+        BENCH("eval", "niah/{model}")
     priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
@@ -152,9 +154,34 @@ rule eval_niah:
         runtime=30 if OFFLINE else 1440,
         gpu=gpus("eval_niah"),
     params:
-        cfg=analysis_params("niah"),
+        cfg=lambda wc: niah_model_params(wc.model),
+        name=lambda wc: NIAH_MODELS[wc.model].name,
+        work=lambda wc: R("eval", f"runs/niah/{wc.model}"),
     shell:
-        "python workflow_scripts/eval_niah.py --params {params.cfg:q} --mono {input.mono} --out {output.table} "
+        "python workflow_scripts/eval_niah.py --params {params.cfg:q} --mono {input.mono} --model {params.name:q} "
+        "--work {params.work} --examples {output} > {log} 2>&1"
+
+
+rule niah_tables:
+    """The NIAH summary and per-example tables of every model, gathered from the per-model jobs."""
+    input:
+        [R("eval", f"niah/{slug}.parquet") for slug in NIAH_MODELS],
+    output:
+        table=R("eval", "niah.parquet"),
+        examples=R("eval", "niah_examples.parquet"),
+    log:
+        LOG("eval", "niah"),
+    priority: PRIORITY["eval"]
+    conda:
+        CPU_ENV
+    resources:
+        mem_mb=4000,
+        runtime=10,
+        gpu=0,
+    params:
+        cfg=as_json({"models": [m.name for m in NIAH_MODELS.values()]}),
+    shell:
+        "python workflow_scripts/gather_eval.py niah --params {params.cfg:q} --inputs {input} --out {output.table} "
         "--examples {output.examples} > {log} 2>&1"
 
 
@@ -254,16 +281,19 @@ rule eval_position_loss:
 
 
 rule eval_lm_benchmarks:
-    """lm-eval: arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, the six recall tasks, RULER 1K-16K."""
+    """lm-eval of one model: arc, hellaswag, piqa, boolq, winogrande, lambada, wikitext, the six recall tasks,
+    RULER 1K-16K (a rerun reuses the lm-eval calls a killed job finished)."""
     input:
-        models=[f"{d}/model.safetensors" for d in LM_BENCHMARK_MODELS],
+        model=lambda wc: f"{LM_BENCHMARK_JOBS[wc.model][0]}/model.safetensors",
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
-        R("eval", "lm_benchmarks.parquet"),
+        R("eval", "lm_benchmarks/{model}.parquet"),
+    wildcard_constraints:
+        model=wildcard_choice(LM_BENCHMARK_JOBS),
     log:
-        LOG("eval", "lm_benchmarks"),
+        LOG("eval", "lm_benchmarks/{model}"),
     benchmark:
-        BENCH("eval", "lm_benchmarks")
+        BENCH("eval", "lm_benchmarks/{model}")
     priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
@@ -273,11 +303,34 @@ rule eval_lm_benchmarks:
         gpu=gpus(1),
     params:
         cfg=lambda wc: heads_position_params("lm_eval"),
-        models=LM_BENCHMARK_MODELS,
-        tokdirs=LM_BENCHMARK_TOKENIZERS,
+        model=lambda wc: LM_BENCHMARK_JOBS[wc.model][0],
+        tokdir=lambda wc: LM_BENCHMARK_JOBS[wc.model][1],
+        work=R("eval", "runs/lm_benchmarks"),
     shell:
-        "python workflow_scripts/eval_lm_benchmarks.py --params {params.cfg:q} --models {params.models} "
-        "--tokenizer {params.tokdirs} --out {output} > {log} 2>&1"
+        "python workflow_scripts/eval_lm_benchmarks.py --params {params.cfg:q} --models {params.model} "
+        "--tokenizer {params.tokdir} --work {params.work} --out {output} > {log} 2>&1"
+
+
+rule lm_benchmarks_table:
+    """The lm-eval table of every model, gathered from the per-model jobs."""
+    input:
+        [R("eval", f"lm_benchmarks/{slug}.parquet") for slug in LM_BENCHMARK_JOBS],
+    output:
+        R("eval", "lm_benchmarks.parquet"),
+    log:
+        LOG("eval", "lm_benchmarks"),
+    priority: PRIORITY["eval"]
+    conda:
+        CPU_ENV
+    resources:
+        mem_mb=4000,
+        runtime=10,
+        gpu=0,
+    params:
+        cfg=as_json({"models": [d for d, _ in LM_BENCHMARK_JOBS.values()]}),
+    shell:
+        "python workflow_scripts/gather_eval.py lm_benchmarks --params {params.cfg:q} --inputs {input} "
+        "--out {output} > {log} 2>&1"
 
 
 rule eval:

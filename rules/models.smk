@@ -20,7 +20,8 @@ rule teacher:
     resources:
         mem_mb=16000,
         runtime=60 if OFFLINE else 120,
-        gpu=gpus(1),
+        # pre-training needs a GPU; fetching a hub teacher or converting a GGUF file does not
+        gpu=lambda wc: gpus(1) if teacher_script(wc.teacher) == "pretrain_teacher.py" else 0,
     params:
         cfg=lambda wc: as_json(
             {

@@ -1,10 +1,11 @@
-"""Standard benchmarks (lm-eval, paper preset) on every model the project trains or converts.
+"""Standard benchmarks (lm-eval, paper preset) on the models given (the rule runs one model per job).
 
 Each model directory is loaded with `hybridlab.models.registry.load_causal_lm` (plain transformers
 directories and `save_hybrid` hybrids alike) and handed, already loaded, to lm-eval's HFLM wrapper
 (`hybridlab.eval.lm_eval`). Without lm-eval, or offline, the run stops with one line. Writes --out
 (lm_benchmarks.parquet): model, task, metric, filter, value, stderr, plus the RULER and recall means
-(task "ruler" / "recall", see `hybridlab.eval.lm_eval`).
+(task "ruler" / "recall", see `hybridlab.eval.lm_eval`). With --work, each finished lm-eval call is kept
+and a rerun skips it.
 """
 
 from pathlib import Path
@@ -19,6 +20,8 @@ def main() -> None:
                    help="each model's tokenizer directory or hub id, in --models order (or one for all); RULER "
                         "builds inputs with it")
     p.add_argument("--out", required=True, help="results table (parquet)")
+    p.add_argument("--work", help="resume directory: each model's finished lm-eval calls are kept under it (a "
+                                  "rerun evaluates only the rest)")
     args = p.parse_args()
     params = _common.load_params(args.params)
 
@@ -35,7 +38,7 @@ def main() -> None:
     cfg = LMEvalConfig(tasks=c["tasks"], ruler_lengths=c["ruler_lengths"],
                        ruler_tasks=c.get("ruler_tasks", RULER_TASKS), ruler_exclude=c.get("ruler_exclude", ()),
                        num_fewshot=c.get("num_fewshot"), batch_size=c["batch_size"], limit=c.get("limit"),
-                       max_length=c.get("max_length"), seed=params["seed"])
+                       max_length=c.get("max_length"), seed=params["seed"], ruler_samples=c.get("ruler_samples"))
     if len(args.tokenizer) not in (1, len(args.models)):
         raise HybridlabError(f"--tokenizer: {len(args.tokenizer)} tokenizers for {len(args.models)} models; give one "
                              "per model (same order) or one for all")
@@ -46,8 +49,15 @@ def main() -> None:
         parts = Path(model_dir).parts
         name = "/".join(parts[3:] if parts[0] == "results" and len(parts) > 3 else parts[-2:])
         tok = load_tokenizer(tok_path)  # the evaluated model's own tokenizer
+        work = None
+        if args.work:  # keyed by the settings and the model's weights: other ones start over
+            from hybridlab.train.run import work_dir
+
+            weights = [f for f in (Path(model_dir) / "model.safetensors",) if f.exists()]
+            work = work_dir(Path(args.work) / name.replace("/", "--"),
+                            {"params": params, "model": name, "tokenizer": tok_path}, weights)
         model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
-        tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name))
+        tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name, work=work))
         del model
     with atomic_file(args.out) as tmp:
         pl.concat(tables).write_parquet(tmp)

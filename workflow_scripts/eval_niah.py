@@ -25,16 +25,27 @@ niah: languages, tasks, context_tokens, examples_per_cell, answer_slack_tokens, 
 def main() -> None:
     p = _common.parser(__doc__, PARAMS)
     p.add_argument("--mono", type=Path, required=True, help="monolingual corpus parquet (doc_id, lang, text, source)")
-    p.add_argument("--out", type=Path, required=True, help="summary table (.parquet)")
+    p.add_argument("--model", help="one analysis model (its name): write its per-example table to --examples "
+                                   "only (the rule's per-model jobs; gather_eval.py niah builds both tables)")
+    p.add_argument("--work", type=Path, help="with --model: each finished task's rows are kept here; a rerun "
+                                             "decodes only the rest")
+    p.add_argument("--out", type=Path, help="summary table (.parquet; every model, without --model)")
     p.add_argument("--examples", type=Path, required=True, help="per-example table (.parquet)")
     args = p.parse_args()
 
     import polars as pl
 
-    from hybridlab.eval.niah import niah_tables
+    from hybridlab.errors import HybridlabError
+    from hybridlab.eval.niah import niah_model_examples, niah_tables
     from hybridlab.eval.pairs import write_table
 
-    examples, summary = niah_tables(pl.read_parquet(args.mono), _common.load_params(args.params))
+    mono, params = pl.read_parquet(args.mono), _common.load_params(args.params)
+    if args.model:
+        write_table(niah_model_examples(mono, params, args.model, work=args.work), args.examples)
+        return
+    if args.out is None:
+        raise HybridlabError("eval_niah.py: give --out (the summary table) or --model (one model's examples)")
+    examples, summary = niah_tables(mono, params)
     write_table(examples, args.examples)
     write_table(summary, args.out)
 

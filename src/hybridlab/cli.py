@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from hybridlab.config import SCALES
 from hybridlab.errors import HybridlabError
@@ -23,8 +24,11 @@ def _cmd_config(args) -> None:
     from hybridlab import config as cfg
 
     overrides = {"scale": args.scale} if args.scale else None
+    from hybridlab.data.local_sources import check_paths
+
     raw = cfg.load(args.configfile, overrides)
     view = cfg.resolve(raw)
+    check_paths(view, root=Path(args.configfile).parent)
     print(json.dumps({"config_hash": cfg.config_hash(view), **view}, indent=2))
 
 
@@ -55,11 +59,19 @@ def _cmd_cache_pull(args) -> None:
 
 def _cmd_plan(args) -> None:
     from hybridlab import config as cfg
-    from hybridlab.train.plan import format_table, plan_preset, plans_json
+    from hybridlab.train.plan import disk_preset, format_disk, format_table, plan_preset, plans_json
 
     overrides = {"scale": args.scale} if args.scale else None
-    plans = plan_preset(cfg.load(args.configfile, overrides), gpu_mem_gb=args.gpu_mem_gb, gpus=args.gpus)
-    print(plans_json(plans, args.gpu_mem_gb) if args.json else format_table(plans, args.gpu_mem_gb))
+    raw = cfg.load(args.configfile, overrides)
+    plans = plan_preset(raw, gpu_mem_gb=args.gpu_mem_gb, gpus=args.gpus)
+    disks = disk_preset(raw)
+    if args.json:
+        out = json.loads(plans_json(plans, args.gpu_mem_gb))
+        out["disk"] = [{"job": p.job, "runs": p.runs, "checkpoint_bytes": p.checkpoint_bytes, "kept": p.kept,
+                        "final_bytes": p.final_bytes, "total_bytes": p.total} for p in disks]
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(plans, args.gpu_mem_gb) + "\n\n" + format_disk(disks))
 
 
 def _plan_number(kind):

@@ -395,6 +395,8 @@ class DistillTrain:
         "stage 1 inputs of mixer i: the teacher's attention input (RADLADS) or the student's own")
     eval_every_tokens: PosInt = req("training tokens between held-out CE/KL points (rounded to updates)")
     ckpt_every_tokens: PosInt = req("training tokens between checkpoints")
+    keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
+                              "stage-2 checkpoint is ~57 GB)")
     eval_rows_per_language: PosInt = req("held-out rows per language for the curves")
     table_rows_per_language: int | None = req("held-out rows per language for the perplexity table "
                                               "(null: all)", minimum=1)
@@ -438,6 +440,8 @@ class BldSrTrain:
     log_every: PosInt = opt(10, "updates between metric rows")
     eval_every: PosInt = req("updates between evaluations")
     ckpt_every: PosInt = opt(UNSET, "updates between checkpoints (absent: the end only)")
+    keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
+                              "stage-2 checkpoint is ~57 GB)")
     eval_rows_per_gap: PosInt = req("evaluation examples per gap")
     precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU")
 
@@ -477,6 +481,8 @@ class BldNlTrain:
     weight_decay: NonNegFloat = opt(0.1, "AdamW weight decay")
     eval_every: PosInt = req("updates between evaluations")
     ckpt_every: PosInt = opt(UNSET, "updates between checkpoints (absent: the end only)")
+    keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
+                              "stage-2 checkpoint is ~57 GB)")
     eval_rows: PosInt = opt(16, "held-out rows per evaluation")
 
 
@@ -643,8 +649,12 @@ class LmEval:
         [], "RULER cells left out, each 'task@length'", uniqueItems=True)
     max_length: int | None = opt(None, "model context for lm-eval (null: the model's)", minimum=1)
     num_fewshot: int | None = opt(None, "few-shot examples (null: each task's default)", minimum=0)
-    batch_size: int | str = req("lm-eval batch size (an integer or 'auto')", minimum=1)
-    limit: float | None = opt(None, "examples per task (a fraction if < 1; null: all)", exclusiveMinimum=0)
+    batch_size: PosInt | Annotated[str, Schema(pattern="^auto(:[0-9]+)?$")] = req(
+        "lm-eval batch size: an integer, 'auto' (the largest that fits, found once) or 'auto:N' (re-found N times)")
+    limit: float | None = opt(None, "examples per task (a fraction if < 1; null: all); RULER: use ruler_samples",
+                              exclusiveMinimum=0)
+    ruler_samples: PosInt = opt(UNSET, "RULER samples per task and length, one lm-eval call per length (absent: "
+                                "lm-eval's 500)")
     dtype: Dtype = opt("bfloat16", "model dtype")
     device: Literal["cpu", "cuda"] = opt("cuda", "device")
 

@@ -140,3 +140,40 @@ def test_model_loaders_use_the_mapping(tmp_path, monkeypatch):
     assert load_tokenizer("org/tok")("hello world")["input_ids"] == [1, 2]
     assert load_tokenizer_for("org/tok")("world")["input_ids"] == [2]
     assert load_causal_lm("org/model").config.hidden_size == 16
+
+
+def test_a_missing_local_copy_is_one_line_naming_the_key_the_path_and_the_fix(config, tmp_path):
+    from hybridlab.data.local_sources import check_paths
+
+    raw = copy.deepcopy(config)
+    raw["scale"] = "real"
+    check_paths(cfgmod.resolve(raw))  # the real preset's data/flores200 and data/ntrex128 ship in the repository
+    raw["presets"]["real"]["local_sources"]["flores200"] = "/nonexistent"
+    with pytest.raises(HybridlabError) as exc:
+        check_paths(cfgmod.resolve(raw))
+    msg = str(exc.value)
+    assert "\n" not in msg and "presets.real.local_sources.flores200: /nonexistent does not exist" in msg
+    assert "remove the key" in msg
+    raw["presets"]["real"]["local_sources"]["flores200"] = "data/flores200"
+    raw["presets"]["real"]["local_sources"]["models"] = {"org/m": str(tmp_path / "absent")}
+    with pytest.raises(HybridlabError, match=r"local_sources\.models\.org/m: .*absent does not exist"):
+        check_paths(cfgmod.resolve(raw))
+    # the paper preset's examples are comments; the rehearsal's copies are written by `make rehearsal` first
+    for scale in ("paper", "rehearsal", "tiny"):
+        check_paths(cfgmod.resolve({**config, "scale": scale}), root=tmp_path)
+
+
+def test_hybridlab_config_checks_the_active_presets_local_sources(config, tmp_path, capsys):
+    import yaml
+
+    from hybridlab.cli import main
+
+    raw = copy.deepcopy(config)
+    raw["presets"]["real"]["local_sources"]["flores200"] = str(ROOT / "data" / "flores200")
+    raw["presets"]["real"]["local_sources"]["ntrex128"] = "missing/ntrex128"  # relative: from the config's directory
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["config", "--configfile", str(tmp_path / "config.yaml"), "--scale", "tiny"]) == 0
+    capsys.readouterr()
+    assert main(["config", "--configfile", str(tmp_path / "config.yaml"), "--scale", "real"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "presets.real.local_sources.ntrex128: missing/ntrex128" in err

@@ -230,3 +230,53 @@ def test_local_task_end_to_end_with_a_tiny_random_model(monkeypatch):
     assert df.filter(pl.col("task") == LOCAL_TASK)["metric"].to_list() == ["contains"]
     value = df.filter(pl.col("task") == LOCAL_TASK)["value"].item()
     assert math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def test_ruler_samples_run_one_call_per_length_with_that_limit():
+    cfg = LMEvalConfig(tasks=("piqa",), ruler_tasks=("niah_single_1", "ruler_vt"), ruler_lengths=(2048, 1024),
+                       ruler_samples=50)
+    runs = evaluation_runs(cfg, tokenizer_name="tok")
+    assert runs[0] == {"tasks": ["piqa"], "metadata": {}}
+    assert runs[1:] == [{"tasks": ["niah_single_1", "ruler_vt"], "metadata": {"max_seq_lengths": [n], "tokenizer": "tok"},
+                         "limit": 50} for n in (1024, 2048)]
+
+
+def test_a_rerun_reuses_finished_calls_and_merges_ruler_lengths(monkeypatch, tmp_path):
+    def evaluate(kw):
+        if kw["tasks"] == ["piqa"]:
+            return {"results": {"piqa": {"acc,none": 0.6, "acc_stderr,none": 0.01}}}
+        assert kw["limit"] == 3
+        n = kw["task_manager"].kw["metadata"]["max_seq_lengths"][0]  # RULER: -1 / N/A at the other length
+        other = 3072 - n
+        return {"results": {"niah_single_1": {f"{n},none": n / 4096, f"{n}_stderr,none": 0.1,
+                                              f"{other},none": -1, f"{other}_stderr,none": "N/A"}}}
+
+    calls = _fake_lm_eval(monkeypatch, evaluate)
+    import lm_eval.tasks
+
+    class Manager:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Manager)
+    cfg = LMEvalConfig(tasks=("piqa",), ruler_tasks=("niah_single_1",), ruler_lengths=(1024, 2048), ruler_samples=3)
+    first = wrapper.run_lm_eval(object(), object(), cfg, tokenizer_name="tok", model_name="m", work=tmp_path)
+    rows = {(t, m): (v, s) for _, t, m, _, v, s in first.rows()}
+    assert rows[("niah_single_1", "1024")] == (0.25, 0.1) and rows[("niah_single_1", "2048")] == (0.5, 0.1)
+    assert len(calls["evaluate"]) == 3 and len(list(tmp_path.glob("call-*.json"))) == 3
+    sorted(tmp_path.glob("call-*.json"))[0].unlink()  # one call lost with a killed job
+    again = wrapper.run_lm_eval(object(), object(), cfg, tokenizer_name="tok", model_name="m", work=tmp_path)
+    assert len(calls["evaluate"]) == 4 and again.equals(first)
+
+
+def test_gathered_table_keeps_the_schema_and_the_model_order(tmp_path):
+    paths = []
+    for name in ("b", "a"):
+        paths.append(tmp_path / f"{name}.parquet")
+        pl.DataFrame([{"model": name, "task": "piqa", "metric": "acc", "filter": "none", "value": 0.5, "stderr": None}],
+                     schema=wrapper.ROW_SCHEMA).write_parquet(paths[-1])
+    table = wrapper.gather_tables(paths)
+    assert table.schema == pl.Schema(wrapper.ROW_SCHEMA) and table["model"].to_list() == ["b", "a"]
+    pl.DataFrame({"model": ["c"]}).write_parquet(tmp_path / "c.parquet")
+    with pytest.raises(HybridlabError, match=r"c.parquet has columns .*rerun its eval_lm_benchmarks job"):
+        wrapper.gather_tables([*paths, tmp_path / "c.parquet"])

@@ -366,3 +366,64 @@ def test_niah_tables_count_oom_apart_and_record_the_window_and_factor(monkeypatc
     assert summary.columns[-6:] == ["n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor"]
     assert examples.columns[:7] == ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
     assert examples.filter(pl.col("oom"))["correct"].null_count() == 2
+
+
+def _split_setup(monkeypatch):
+    import polars as pl
+
+    from hybridlab.eval import pairs
+
+    class Tok(WordTokenizer):
+        def __call__(self, text, return_tensors=None, add_special_tokens=True):
+            return super().__call__(text, return_tensors)
+
+    tok = Tok()
+    models = {"t/sp-gdn": _tiny_qwen(tok), "t": Oracle(tok, oom_above=200)}
+    monkeypatch.setattr(pairs, "load_analysis_model", lambda m, **kw: (models[m.name], tok))
+    mono = pl.DataFrame({"doc_id": ["a"], "lang": ["eng_Latn"], "text": [" ".join(HAYSTACK)], "source": ["t"]})
+    params = {"seed": 0, "dtype": None, "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
+                                                                       student_path="y", tokenizer="z")]},
+              "niah": {"languages": ["eng_Latn"], "tasks": ["niah_single", "niah_none"], "context_tokens": [150, 300],
+                       "examples_per_cell": 2, "answer_slack_tokens": 2}}
+    return mono, params
+
+
+def test_per_model_jobs_gathered_equal_one_job_over_every_model(monkeypatch, tmp_path):
+    """eval_niah runs one model per job; gather_niah gives the tables (columns, rows) of one job over all."""
+    import polars as pl
+
+    from hybridlab.eval import niah
+
+    mono, params = _split_setup(monkeypatch)
+    quiet = dict(device="cpu", log=lambda *_: None)
+    examples, summary = niah.niah_tables(mono, params, **quiet)
+    paths = []
+    for name in ("t/sp-gdn", "t"):  # the per-model jobs
+        paths.append(tmp_path / f"{name.replace('/', '--')}.parquet")
+        niah.niah_model_examples(mono, params, name, **quiet).write_parquet(paths[-1])
+    g_examples, g_summary = niah.gather_niah(paths, log=lambda *_: None)
+    timing = ["seconds", "peak_memory_bytes"]
+    assert g_examples.schema == examples.schema and g_summary.schema == summary.schema
+    assert g_examples.drop(timing).equals(examples.drop(timing))
+    assert g_summary.drop(timing).equals(summary.drop(timing))
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(HybridlabError, match="bad.parquet has other columns"):
+        niah.gather_niah([paths[0], tmp_path / "bad.parquet"])
+
+
+def test_a_rerun_reuses_the_tasks_a_killed_job_finished(monkeypatch, tmp_path):
+    from hybridlab.eval import niah
+
+    mono, params = _split_setup(monkeypatch)
+    first = niah.niah_model_examples(mono, params, "t", device="cpu", work=tmp_path, log=lambda *_: None)
+    (work,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert sorted(p.name for p in work.glob("task-*.parquet")) == ["task-niah_none.parquet", "task-niah_single.parquet"]
+    (work / "task-niah_none.parquet").unlink()  # killed during the second task
+    ran = []
+    real = niah.run_niah
+    monkeypatch.setattr(niah, "run_niah", lambda m, t, exs, *a, **k: ran.append(exs[0].task) or real(m, t, exs, *a, **k))
+    again = niah.niah_model_examples(mono, params, "t", device="cpu", work=tmp_path, log=lambda *_: None)
+    assert ran == ["niah_none"]  # the finished task is read back, not decoded again
+    assert again.drop("seconds", "peak_memory_bytes").equals(first.drop("seconds", "peak_memory_bytes"))
+    with pytest.raises(HybridlabError, match="'nope' is not among the analysis models"):
+        niah.niah_model_examples(mono, params, "nope", device="cpu", log=lambda *_: None)

@@ -139,3 +139,32 @@ def test_unknown_model_and_refusal():
     bad = plan.JobPlan("eval_niah x", est, False, 1, None)
     with pytest.raises(HybridlabError, match=r"eval_niah x needs \d+\.\d GB per GPU at 1 GPU > 40 GB"):
         plan.refuse_unfit([bad], 40)
+
+
+def test_disk_of_a_known_shape():
+    # 1,000 parameters, all trained with AdamW: 4 (fp32 weights) + 8 (two moments) bytes each
+    assert plan.checkpoint_bytes(1000, 1000) == 12000
+    assert plan.checkpoint_bytes(1000, 100) == 4800  # stage 1: every weight saved, 100 trained
+    assert plan.checkpoint_bytes(1000, 1000, muon=400) == 4000 + 8 * 600 + 4 * 400
+    d = plan.DiskPlan("distill_stage2 x gdn", runs=3, checkpoint_bytes=12 * 10**9, kept=2, final_bytes=4 * 10**9)
+    assert d.per_run == 28 * 10**9 and d.total == 84 * 10**9
+    lines = plan.format_disk([d]).splitlines()
+    assert lines[2].split() == ["distill_stage2", "x", "gdn", "3", "12.00", "2", "4.00", "28.00", "84.0"]
+    assert lines[-1] == "disk in all: 84.0 GB over 3 runs"
+
+
+def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
+    from hybridlab import config as cfgmod
+
+    disks = {d.job: d for d in plan.disk_preset(cfgmod.load("config.yaml", {"scale": "paper"}))}
+    s2 = disks["distill_stage2 Qwen--Qwen3-4B gdn"]
+    assert s2.kept == 1 and s2.runs == 15  # 5 placements x 3 seeds
+    assert 50e9 < s2.checkpoint_bytes < 65e9 and s2.checkpoint_bytes == 3 * s2.final_bytes  # 12 vs 4 bytes a weight
+    assert disks["distill_stage1 Qwen--Qwen3-4B gdn"].checkpoint_bytes < s2.checkpoint_bytes
+    assert all(d.kept == 1 for d in disks.values())
+    assert main(["plan", "--scale", "paper", "--gpus", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "distill_stage2 Qwen--Qwen3-4B gdn" in out.split("Disk in GB")[1] and "disk in all: " in out
+    assert main(["plan", "--scale", "paper", "--gpus", "4", "--json"]) == 0
+    disk = json.loads(capsys.readouterr().out)["disk"]
+    assert {j["job"] for j in disk} == set(disks) and all(j["kept"] == 1 for j in disk)

@@ -112,3 +112,12 @@ def test_rebuilt_mixture_of_the_same_shape_retrains_the_teacher(smoke_workdir, t
     (new_dir,) = list(work.iterdir())
     assert new_dir != old_dir and "resum" not in log.lower()
     assert any(not (rebuilt[k] == first[k]).all() for k in first)
+
+
+def test_keep_last_k_is_not_part_of_the_fingerprint():
+    from hybridlab.train.run import fingerprint
+
+    base = {"seed": 0, "stage2": {"lr": 1e-4}}
+    assert fingerprint({**base, "keep_last_k": 1}, []) == fingerprint(base, [])
+    assert fingerprint({**base, "stage2": {"lr": 1e-4, "keep_last_k": 3}}, []) == fingerprint(base, [])
+    assert fingerprint({**base, "seed": 1}, []) != fingerprint(base, [])

@@ -13,7 +13,7 @@ PHASE_RULES = {
     "data": {"corpus", "tokenizer", "mixture", "spaced_retrieval"},
     "models": {"teacher", "convert"},
     "train": {"distill_stage1", "distill_stage2", "bld_sr", "bld_nl"},
-    "eval": {"eval_softcka", "eval_recency", "eval_fertility", "eval_perplexity", "eval_niah",
+    "eval": {"eval_softcka", "eval_recency", "eval_fertility", "eval_perplexity", "eval_niah", "niah_tables",
              "eval_retrieval_score", "eval_retrieval_heads", "eval_position_loss"},
     "figures": {"figure"},
 }
@@ -71,6 +71,30 @@ def test_real_preset_runs_the_multilinguality_study_on_the_gguf_teacher(dry_run)
     text = dry_run_all("real")
     assert "convert_gguf_teacher.py" in text and "fetch_teacher.py" not in text
     assert "--parallel results/data/real/corpus/parallel.parquet" in text
+
+
+def _blocks(text: str, rule: str) -> list[str]:
+    """The dry run's job blocks of `rule` (from `rule <name>:` to the next blank line)."""
+    return [b for b in text.split("\n\n") if f"rule {rule}:" in b]
+
+
+def test_lm_eval_and_niah_run_one_job_per_model_and_a_gather_job(dry_run):
+    """A time-out costs one model's work: a job per model, resumable, gathered into the same tables."""
+    paper = dry_run("paper")
+    assert paper["eval_lm_benchmarks"] == 2 + 10 + 24 and paper["lm_benchmarks_table"] == 1
+    assert paper["eval_niah"] == 21 and paper["niah_tables"] == 1  # 2 teachers + 10 students + 9 hub models
+    text = dry_run_all("paper")
+    (gather,) = _blocks(text, "niah_tables")
+    assert "results/eval/paper/niah.parquet" in gather and "results/eval/paper/niah_examples.parquet" in gather
+    assert all("--work results/eval/paper/runs/" in b for b in _blocks(text, "eval_niah") + _blocks(text, "eval_lm_benchmarks"))
+    smoke = dry_run("smoke")
+    assert smoke["eval_niah"] == 3 and smoke["niah_tables"] == 1  # the teacher and its two students
+
+
+@pytest.mark.parametrize("scale, script", [("paper", "fetch_teacher.py"), ("real", "convert_gguf_teacher.py")])
+def test_a_teacher_fetched_or_converted_requests_no_gpu(scale, script):
+    blocks = _blocks(dry_run_all(scale), "teacher")
+    assert blocks and all(script in b and "gpu=0" in b for b in blocks)
 
 
 def test_rehearsal_builds_the_same_rules_as_paper(dry_run):

@@ -98,10 +98,11 @@ def test_paper_dag_builds_one_mixture_per_tokenizer_and_routes_teachers():
             n += teacher == GRANITE
     assert n == 30  # 5 placements x 1 mixer x 3 seeds x 2 stages
     assert all(_arg(b, "--mixture") == "results/data/paper/mixture/qwen3/english" for b in jobs["bld_nl"])
-    (lm,) = jobs["eval_lm_benchmarks"]
-    models = re.search(r"--models (.*?) --tokenizer", lm).group(1).split()
-    toks = re.search(r"--tokenizer (.*?) --out", lm).group(1).split()
-    assert len(models) == len(toks) == 2 + 10 + 24
+    # one lm-eval job per model, each with its own tokenizer
+    lm = jobs["eval_lm_benchmarks"]
+    models = [m for b in lm for m in re.search(r"--models (.*?) --tokenizer", b).group(1).split()]
+    toks = [t for b in lm for t in re.search(r"--tokenizer (.*?) --work", b).group(1).split()]
+    assert len(lm) == len(models) == len(toks) == 2 + 10 + 24
     for m, t in zip(models, toks):
         if "/bld_nl/" in m:
             assert t == "results/data/paper/tokenizer/qwen3"
@@ -119,8 +120,8 @@ def test_smoke_dag_keeps_its_shape():
     assert sorted(_arg(b, "--out") for b in jobs["mixture"]) == ["results/data/smoke/mixture/bpe/english",
                                                                  "results/data/smoke/mixture/bpe/multilingual"]
     counts = {rule: len(v) for rule, v in jobs.items()}
-    # 9 tables: the 4 original, placement_tests, tokens_to_target, retrieval_score, sr_accuracy and findings
-    assert counts["table"] == 9 and counts["figure"] == 15
+    # 10 tables: the 4 original, placement_tests, tokens_to_target, retrieval_score, sr_accuracy, kl_gaps and findings
+    assert counts["table"] == 10 and counts["figure"] == 15
     # BLD-SR: 4 arms (one of each kind); distillation: 2 placements x (convert, stage 1, stage 2); BLD-NL: 4 arms
     assert counts["bld_sr"] == 4 and counts["distill_stage2"] == 2 and counts["bld_nl"] == 4
-    assert sum(counts.values()) == 53
+    assert sum(counts.values()) == 58  # NIAH: one eval_niah job per model (3) + the niah_tables gather

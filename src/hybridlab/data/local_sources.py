@@ -54,6 +54,27 @@ def local_sources(view: dict) -> dict[str, Any]:
     return out
 
 
+# Presets whose local copies a make target writes just before their DAG runs (`make rehearsal`: cache/rehearsal),
+# so their paths are not checked when the DAG is parsed.
+WRITTEN_BEFORE_THE_DAG = frozenset({"rehearsal"})
+
+
+def check_paths(view: dict, root: str | Path = ".") -> None:
+    """One-line HybridlabError for the first configured local copy (dataset or model directory) of the active
+    preset that does not exist (relative paths from `root`, the repository); presets in WRITTEN_BEFORE_THE_DAG
+    are not checked."""
+    if view.get("scale") in WRITTEN_BEFORE_THE_DAG:
+        return
+    src = local_sources(view)
+    given = [(k, src[k]) for k in (*DATASET_KEYS, *EVAL_DATASET_KEYS) if src[k]]
+    given += [(f"models.{hub_id}", d) for hub_id, d in src["models"].items()]
+    for key, path in given:
+        if not (Path(root) / Path(path).expanduser()).exists():
+            raise HybridlabError(
+                f"config: presets.{view.get('scale')}.local_sources.{key}: {path} does not exist; copy it there "
+                f"(in its hub's layout, docs/data.md) or remove the key to read the hub")
+
+
 def job_environment(view: dict) -> dict[str, str]:
     """Environment variables every job of this preset gets (empty when nothing is local)."""
     src = local_sources(view)

@@ -34,10 +34,13 @@ configured pair; "pairs": how many; "<length>": the mean over tasks at that leng
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import tempfile
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -79,6 +82,7 @@ class LMEvalConfig:
     limit: int | float | None = None  # examples per task (a fraction if < 1); None: all
     max_length: int | None = None  # None: the longest RULER length (or the model's own limit)
     seed: int = 1234
+    ruler_samples: int | None = None  # RULER samples per task and length (one call per length); None: lm-eval's 500
 
     def __post_init__(self) -> None:
         for name in ("tasks", "ruler_lengths", "ruler_tasks", "ruler_exclude"):
@@ -92,6 +96,8 @@ class LMEvalConfig:
             if task not in self.ruler_tasks or length not in self.ruler_lengths:
                 raise HybridlabError(f"lm-eval: ruler_exclude entry '{task}@{length}' is not in the RULER grid "
                                      f"(ruler_tasks x ruler_lengths); remove it or fix its name or length")
+        if self.ruler_samples is not None and int(self.ruler_samples) < 1:
+            raise HybridlabError(f"lm-eval: ruler_samples must be >= 1, got {self.ruler_samples}")
         if not self.tasks and not ruler_pairs(self):
             raise HybridlabError("lm-eval: no tasks and no RULER pairs; give at least one task")
 
@@ -106,8 +112,16 @@ def ruler_pairs(cfg: LMEvalConfig) -> list[tuple[str, int]]:
 
 def evaluation_runs(cfg: LMEvalConfig, *, tokenizer_name: str) -> list[dict[str, Any]]:
     """One lm-eval call per entry: the plain tasks, then the RULER tasks grouped by their set of lengths
-    (lm-eval's `max_seq_lengths` applies to every task of a call). Each: {"tasks": [...], "metadata": {...}}."""
+    (lm-eval's `max_seq_lengths` applies to every task of a call). Each: {"tasks": [...], "metadata": {...}}.
+    With `ruler_samples`, one RULER call per length with {"limit": ruler_samples} (lm-eval's limit takes a
+    call's first samples, so one length per call keeps every length at that count)."""
     runs = [{"tasks": list(cfg.tasks), "metadata": {}}] if cfg.tasks else []
+    if cfg.ruler_samples is not None:
+        by_length: dict[int, list[str]] = {}
+        for task, length in ruler_pairs(cfg):
+            by_length.setdefault(length, []).append(task)
+        return runs + [{"tasks": tasks, "metadata": {"max_seq_lengths": [n], "tokenizer": tokenizer_name},
+                        "limit": int(cfg.ruler_samples)} for n, tasks in sorted(by_length.items())]
     lengths_of: dict[str, tuple[int, ...]] = {}
     for task, length in ruler_pairs(cfg):
         lengths_of[task] = lengths_of.get(task, ()) + (length,)
@@ -154,8 +168,27 @@ def _offline_cause(exc: BaseException) -> bool:
     return False
 
 
-def run_lm_eval(model, tokenizer, cfg: LMEvalConfig, *, tokenizer_name: str, model_name: str) -> pl.DataFrame:
-    """Evaluate an already-loaded causal LM with lm-eval; tidy rows plus the summary rows (module doc)."""
+def _merge(merged: dict[str, dict], results: dict[str, dict]) -> None:
+    """Add one call's per-task metrics; RULER's -1 / "N/A" for a length the call had no sample at never
+    replaces another call's value."""
+    for task, metrics in results.items():
+        cur = merged.setdefault(task, {})
+        for key, value in metrics.items():
+            if key not in cur or not (value is None or value == -1 or value == "N/A"):
+                cur[key] = value
+
+
+def _json_value(o):
+    return o.item() if hasattr(o, "item") else str(o)
+
+
+def run_lm_eval(model, tokenizer, cfg: LMEvalConfig, *, tokenizer_name: str, model_name: str,
+                work: str | Path | None = None) -> pl.DataFrame:
+    """Evaluate an already-loaded causal LM with lm-eval; tidy rows plus the summary rows (module doc).
+
+    `work`: a directory where each finished lm-eval call's results are kept (`call-<hash>.json`, keyed by its
+    tasks, metadata and limit); a rerun reads them instead of evaluating again (the caller keys the directory
+    by model and settings)."""
     lm_eval = require_lm_eval()
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -171,12 +204,17 @@ def run_lm_eval(model, tokenizer, cfg: LMEvalConfig, *, tokenizer_name: str, mod
         if LOCAL_TASK in cfg.tasks:
             include.append(str(write_local_task(tmp)))
         for run in evaluation_runs(cfg, tokenizer_name=tokenizer_name):
+            key = hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:16]
+            done = Path(work) / f"call-{key}.json" if work is not None else None
+            if done is not None and done.is_file():
+                _merge(merged, json.loads(done.read_text()))
+                continue
             own = set(PROJECT_TASKS) | {LOCAL_TASK}
             manager = TaskManager(include_path=include, include_defaults=not own.issuperset(run["tasks"]),
                                   metadata=run["metadata"] or None)
             try:
                 results = lm_eval.simple_evaluate(model=lm, tasks=run["tasks"], task_manager=manager,
-                                                  **evaluate_kwargs)
+                                                  **{**evaluate_kwargs, **({"limit": run["limit"]} if "limit" in run else {})})
             except Exception as exc:  # lm-eval surfaces dataset download failures as many exception types
                 if _offline_cause(exc):
                     raise HybridlabError(
@@ -186,7 +224,12 @@ def run_lm_eval(model, tokenizer, cfg: LMEvalConfig, *, tokenizer_name: str, mod
             if not results or "results" not in results:
                 raise HybridlabError(
                     f"lm-eval returned no results for {model_name} (non-zero rank of a multi-process run?)")
-            merged.update(results["results"])
+            if done is not None:
+                from hybridlab.atomic import atomic_file
+
+                with atomic_file(done) as tmp:
+                    Path(tmp).write_text(json.dumps(results["results"], default=_json_value))
+            _merge(merged, results["results"])
     table = results_table({"results": merged}, model_name)
     return pl.concat([table, summary_rows(table, cfg, model_name)])
 
@@ -220,8 +263,9 @@ def summary_rows(table: pl.DataFrame, cfg: LMEvalConfig, model_name: str) -> pl.
         missing = [f"{t}@{n}" for t, n in pairs if (t, n) not in got]
         if missing:
             raise HybridlabError(f"lm-eval: {len(missing)} RULER pair(s) missing from the results for {model_name}: "
-                                 f"{missing[:4]}; add them to lm_eval.ruler_exclude, or drop `limit` (lm-eval cuts RULER's "
-                                 "samples in length order, so a small limit leaves the longer lengths empty)")
+                                 f"{missing[:4]}; add them to lm_eval.ruler_exclude, or use ruler_samples instead of `limit` "
+                                 "(lm-eval cuts RULER's samples in length order, so a small limit leaves the longer "
+                                 "lengths empty)")
         values = [got[p] for p in pairs]
         rows.append({"task": "ruler", "metric": "mean", "value": sum(values) / len(values)})
         rows.append({"task": "ruler", "metric": "pairs", "value": float(len(values))})
@@ -233,3 +277,18 @@ def summary_rows(table: pl.DataFrame, cfg: LMEvalConfig, model_name: str) -> pl.
         rows.append({"task": "recall", "metric": "mean", "value": float(recall["value"].mean())})
     return pl.DataFrame([{"model": model_name, **r, "filter": "none", "stderr": None} for r in rows],
                         schema=ROW_SCHEMA).select(list(ROW_SCHEMA))
+
+
+def gather_tables(paths: list[str | Path]) -> pl.DataFrame:
+    """The lm_benchmarks table from the per-model tables of the eval_lm_benchmarks jobs, in the given order; a
+    table with other columns than ROW_SCHEMA is one line naming it."""
+    frames = []
+    for path in paths:
+        f = pl.read_parquet(path)
+        if f.schema != pl.Schema(ROW_SCHEMA):
+            raise HybridlabError(f"lm-eval: {path} has columns {dict(f.schema)}, not {ROW_SCHEMA}; delete it and "
+                                 "rerun its eval_lm_benchmarks job")
+        frames.append(f)
+    if not frames:
+        raise HybridlabError("lm-eval: no per-model tables to gather")
+    return pl.concat(frames)

@@ -56,6 +56,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import polars as pl
@@ -456,27 +457,54 @@ def native_window_of(m: Any, model: nn.Module, windows: dict[str, int] | None) -
 
 def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None = None, log=print
                 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(per-example table, summary table) of the multilingual needle-in-a-haystack evaluation of every
-    analysis model (the eval_niah rule; workflow_scripts/eval_niah.py documents the columns).
+    """(per-example table, summary table) of every analysis model: `niah_model_examples` of each model,
+    concatenated, and their `niah_summary` (the eval_niah jobs run one model each; niah_tables gathers)."""
+    from hybridlab.eval import pairs
+
+    names = [m.name for m in pairs.analysis_models(**params["models"])]
+    suites: dict[str, list] = {}  # models sharing a tokenizer share their examples
+    examples = pl.concat([niah_model_examples(mono, params, name, device=device, log=log, suites=suites)
+                          for name in names]).sort("model", "pair", "lang", "task", "target_tokens", "depth",
+                                                   maintain_order=True)
+    return examples, niah_summary(examples, log=log)
+
+
+def _haystacks(mono: pl.DataFrame | None, cfg: dict, seed: int):
+    from hybridlab.eval import pairs
+
+    if cfg.get("prompts", "project") == "oneruler":
+        from hybridlab.eval.oneruler import load_language
+
+        oneruler = {lang: load_language(cfg["oneruler_dir"], lang) for lang in cfg["languages"]}
+        return {lang: list(o.sentences) for lang, o in oneruler.items()}, oneruler
+    docs = pairs.mono_documents(mono, cfg["languages"], seed)
+    return {lang: pairs.haystack_sentences(texts) for lang, texts in docs.items()}, None
+
+
+def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, device: str | None = None,
+                        work: str | Path | None = None, log=print, suites: dict | None = None) -> pl.DataFrame:
+    """Per-example rows (workflow_scripts/eval_niah.py documents the columns) of analysis model `model` of the
+    multilingual needle-in-a-haystack evaluation.
 
     `mono`: the monolingual corpus (doc_id, lang, text, source), the haystack source with `prompts:
     project` (unused with `oneruler`). `params`: `models` (`hybridlab.eval.pairs.analysis_models`
-    keyword arguments), `dtype`, `seed` and `niah` = {languages, tasks, context_tokens, examples_per_cell,
-    answer_slack_tokens, optional prompts (project | oneruler, default project), oneruler_dir (with
-    oneruler), chat_template (default false), yarn_factor (default none), native_window (default none)}.
+    keyword arguments: the pairs `model` belongs to), `dtype`, `seed` and `niah` = {languages, tasks,
+    context_tokens, examples_per_cell, answer_slack_tokens, optional prompts (project | oneruler, default
+    project), oneruler_dir (with oneruler), chat_template (default false), yarn_factor (default none),
+    native_window (default none)}.
 
     Haystacks are each language's documents in a seeded order split into sentences
-    (`pairs.haystack_sentences`), or OneRULER's books; examples are built once per tokenizer (models
-    sharing one share their examples: `build_niah_suite`) so context lengths are that model's tokens,
+    (`pairs.haystack_sentences`), or OneRULER's books; examples are built per tokenizer with the seed
+    (`build_niah_suite`; `suites` caches them across calls) so context lengths are that model's tokens,
     and decoded greedily per task with the budget of `answer_budgets` (`run_niah`). `chat_template`
     applies where the tokenizer has one (with enable_thinking=False where the template reads it);
     `yarn_factor` F applies YaRN RoPE scaling: with `native_window` ({model name: tokens}, see
     `native_window_of`) only to the cells longer than the model's native window, without it to every cell
     over the config's window (null for NoPE models and unscaled cells).
-    The summary has one row per (model, pair, lang, task, context_tokens) with n (completed examples),
-    accuracy and score over them (an OOM is not a wrong answer), mean_prompt_tokens, seconds,
-    peak_memory_bytes, memory_kind, oom (any), n_oom, oom_rate = n_oom / (n + n_oom), then the settings
-    columns native_window (null: not given), prompts, chat_template, yarn_factor (applied).
+
+    `work`: a directory where each finished task's rows are kept (`task-<name>.parquet`, under a
+    fingerprint of the params and the model's files: `hybridlab.train.run.work_dir`); a rerun reads them
+    instead of decoding that task again, so a job killed mid-way loses at most one task.
     """
     from hybridlab.eval import pairs
 
@@ -484,42 +512,61 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
     prompts, chat, yarn = cfg.get("prompts", "project"), bool(cfg.get("chat_template", False)), cfg.get("yarn_factor")
     windows = cfg.get("native_window")
     device = resolve_device(device)
-    oneruler = None
-    if prompts == "oneruler":
-        from hybridlab.eval.oneruler import load_language
+    found = [m for m in pairs.analysis_models(**params["models"]) if m.name == model]
+    if not found:
+        raise HybridlabError(f"niah: model {model!r} is not among the analysis models of the params; "
+                             "check the model name")
+    m = found[0]
+    if work is not None:
+        from hybridlab.train.run import work_dir
 
-        oneruler = {lang: load_language(cfg["oneruler_dir"], lang) for lang in cfg["languages"]}
-        haystacks = {lang: list(o.sentences) for lang, o in oneruler.items()}
-    else:
-        docs = pairs.mono_documents(mono, cfg["languages"], seed)
-        haystacks = {lang: pairs.haystack_sentences(texts) for lang, texts in docs.items()}
+        local = [p for p in (m.path,) if Path(p).exists()]
+        work = work_dir(work, {"model": model, **params}, local)
+    haystacks, oneruler = _haystacks(mono, cfg, seed)
 
-    log(f"niah: {cfg['tasks']} x {cfg['context_tokens']} tokens x {cfg['examples_per_cell']} per cell, "
+    log(f"niah {model}: {cfg['tasks']} x {cfg['context_tokens']} tokens x {cfg['examples_per_cell']} per cell, "
         f"languages {cfg['languages']}, device {device}")
-    suites: dict[str, list] = {}  # models sharing a tokenizer share their examples
-    tables = []
-    for m in pairs.analysis_models(**params["models"]):
-        t0 = time.perf_counter()
-        model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
-        native = native_window_of(m, model, windows) if yarn is not None else None
-        settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
-                                 "native_window": [native]},
-                                schema={"prompts": pl.String, "chat_template": pl.Boolean, "native_window": pl.Int64})
-        if m.tokenizer not in suites:
-            suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
-                                                   n_per_cell=cfg["examples_per_cell"], seed=seed,
-                                                   oneruler=oneruler, chat=chat)
-        rows = pl.concat([run_niah(model, tok, examples, budget, device=device, yarn_factor=yarn,
-                                   native_window=native)
-                          for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg["answer_slack_tokens"])])
-        tables.append(pl.DataFrame(pairs.pair_rows(m)).join(settings, how="cross").join(rows, how="cross"))
-        del model
-        log(f"  {m.name}: {rows.height} examples, {int(rows['oom'].sum())} OOM, accuracy over completed "
-            f"{rows['correct'].mean() or 0.0:.3f}, native window {native}, {time.perf_counter() - t0:.1f}s")
+    t0 = time.perf_counter()
+    lm, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
+    native = native_window_of(m, lm, windows) if yarn is not None else None
+    settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
+                             "native_window": [native]},
+                            schema={"prompts": pl.String, "chat_template": pl.Boolean, "native_window": pl.Int64})
+    suites = {} if suites is None else suites
+    if m.tokenizer not in suites:
+        suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
+                                               n_per_cell=cfg["examples_per_cell"], seed=seed,
+                                               oneruler=oneruler, chat=chat)
+    parts = []
+    for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg["answer_slack_tokens"]):
+        done = Path(work) / f"task-{examples[0].task}.parquet" if work is not None else None
+        if done is not None and done.is_file():
+            log(f"  {model} {examples[0].task}: rows of a finished run reused ({done})")
+            parts.append(pl.read_parquet(done))
+            continue
+        rows = run_niah(lm, tok, examples, budget, device=device, yarn_factor=yarn, native_window=native)
+        if done is not None:
+            from hybridlab.atomic import atomic_file
 
-    examples = pl.concat(tables).sort("model", "pair", "lang", "task", "target_tokens", "depth")
+            with atomic_file(done) as tmp:
+                rows.write_parquet(tmp)
+        parts.append(rows)
+    rows = pl.concat(parts)
+    del lm
+    log(f"  {model}: {rows.height} examples, {int(rows['oom'].sum())} OOM, accuracy over completed "
+        f"{rows['correct'].mean() or 0.0:.3f}, native window {native}, {time.perf_counter() - t0:.1f}s")
+    examples = (pl.DataFrame(pairs.pair_rows(m)).join(settings, how="cross").join(rows, how="cross")
+                .sort("model", "pair", "lang", "task", "target_tokens", "depth", maintain_order=True))
     head = ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
-    examples = examples.select(head + [c for c in examples.columns if c not in head])
+    return examples.select(head + [c for c in examples.columns if c not in head])
+
+
+def niah_summary(examples: pl.DataFrame, log=print) -> pl.DataFrame:
+    """One row per (model, pair, lang, task, context_tokens) of the per-example rows of every model: n
+    (completed examples), accuracy and score over them (an OOM is not a wrong answer), mean_prompt_tokens,
+    seconds, peak_memory_bytes, memory_kind, oom (any), n_oom, oom_rate = n_oom / (n + n_oom), then the
+    settings columns native_window (null: not given), prompts, chat_template, yarn_factor (applied)."""
+    examples = examples.sort("model", "pair", "lang", "task", "target_tokens", "depth", maintain_order=True)
     summary = (examples.group_by("model", "pair", "role", "lang", "task", "target_tokens", *NIAH_SETTINGS)
                .agg(*_completed_aggs(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),
                     pl.col("seconds").mean(), pl.col("peak_memory_bytes").max(), pl.col("memory_kind").first(),
@@ -531,4 +578,18 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
                              + ["n_oom", "oom_rate", *NIAH_SETTINGS])
     log(str(summary.group_by("model", "context_tokens").agg(pl.col("accuracy").mean(), pl.col("seconds").mean())
             .sort("model", "context_tokens")))
-    return examples, summary
+    return summary
+
+
+def gather_niah(paths: Sequence[str | Path], log=print) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(per-example table, summary table) from the per-model example tables of the eval_niah jobs; a table
+    whose columns differ from the first one's is one line naming it (rebuild that model's job)."""
+    frames = [pl.read_parquet(p) for p in paths]
+    if not frames:
+        raise HybridlabError("niah: no per-model tables to gather")
+    for path, f in zip(paths, frames):
+        if f.schema != frames[0].schema:
+            raise HybridlabError(f"niah: {path} has other columns than {paths[0]}; delete it and rerun its "
+                                 "eval_niah job")
+    examples = pl.concat(frames).sort("model", "pair", "lang", "task", "target_tokens", "depth", maintain_order=True)
+    return examples, niah_summary(examples, log=log)

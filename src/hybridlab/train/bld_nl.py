@@ -158,7 +158,8 @@ def train_config_dict(run: dict, *, out_dir: str, seed: int, steps: int, plan) -
     cfg = {"out_dir": out_dir, "seed": seed, "steps": steps, "micro_batch_size": run["micro_batch_size"],
            "grad_accum": run.get("grad_accum", 1), "lr": run["lr"], "warmup_steps": min(warmup, steps),
            "weight_decay": run.get("weight_decay", 0.1), "optimizer": "adamw",
-           "eval_every": run.get("eval_every"), "ckpt_every": run.get("ckpt_every"), "log_every": 10}
+           "eval_every": run.get("eval_every"), "ckpt_every": run.get("ckpt_every"), "log_every": 10,
+           **({"keep_last_k": run["keep_last_k"]} if "keep_last_k" in run else {})}
     cfg.update(plan.train_config_overrides())
     return cfg
 

@@ -174,6 +174,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
       stage1_inputs            stage 1: "teacher" or "student", what the mixers see
       kl_chunk_tokens          stage 2: positions per KL chunk; kl_vocab_chunk: vocabulary columns per chunk
       teacher_sharding         "replicate" (default) or "shard": the frozen teacher under FSDP
+      keep_last_k              checkpoints kept (default TrainConfig's)
       document_mask            bool (default false): document-masked training and evaluation
     """
     import polars as pl
@@ -204,7 +205,8 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
     main = is_main()
     work = work_dir(work, {"stage": stage, **params}, [student, teacher, mixture], restart=restart, is_main=main)
-    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len,
+    keep = {"keep_last_k": params["keep_last_k"]} if "keep_last_k" in params else {}
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len, **keep,
                                  "eval_every": every["eval"], "ckpt_every": every["ckpt"],
                                  "activation_checkpointing": params["gradient_checkpointing"], **run})
 

@@ -22,6 +22,8 @@ Public API (stable; benchmarks/gpu_acceptance.py calls the first two):
         Evaluation forwards (no grad) and greedy generation with KV cache / recurrent state.
     plan_preset(config_dict, *, gpu_mem_gb=80, gpus=None) -> list[JobPlan]
         Every job of the active preset with its estimate and verdict (fits at N GPUs, smallest N).
+    disk_preset(config_dict) -> list[DiskPlan]
+        Disk of every training job kind: checkpoint bytes x kept checkpoints + final weights, times its runs.
 
 `Estimate.terms` are named byte counts (parameters, gradients, optimizer, teacher, activations,
 logits, cache, cuda_context); `Estimate.total` is their sum.
@@ -571,6 +573,114 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
             mixer=big_mixer, mixer_layers=kinds.count("mixer"), mixer_overrides=ov, precision=prec,
             backward_through=True), limit, gpus, False))
     return jobs
+
+
+# ---- disk: checkpoints kept in the work directories + the published weights ---------------------------
+@dataclass
+class DiskPlan:
+    """Disk of one kind of training job: each of its `runs` keeps `kept` checkpoints and publishes fp32 weights."""
+
+    job: str
+    runs: int
+    checkpoint_bytes: int
+    kept: int
+    final_bytes: int
+
+    @property
+    def per_run(self) -> int:
+        return self.checkpoint_bytes * self.kept + self.final_bytes
+
+    @property
+    def total(self) -> int:
+        return self.per_run * self.runs
+
+
+def checkpoint_bytes(params: int, trainable: int, muon: int = 0) -> int:
+    """One checkpoint: the fp32 model state, AdamW's two fp32 moments per trainable parameter (one momentum
+    buffer for the `muon` of them Muon updates)."""
+    return 4 * params + 8 * (trainable - muon) + 4 * muon
+
+
+def _keep(run: dict) -> int:
+    from hybridlab.train.config import TrainConfig
+
+    return int(run.get("keep_last_k") or TrainConfig.__dataclass_fields__["keep_last_k"].default)
+
+
+def disk_preset(raw_config: dict) -> list[DiskPlan]:
+    """Disk of every training job kind of the active preset (checkpoint bytes x kept checkpoints + final
+    weights, times its runs: placements x seeds, arms x seeds)."""
+    from hybridlab.config import experiment_seeds, placement_seeds, resolve, studies
+    from hybridlab.train.arms import layer_kinds, nl_arms, sr_arm_specs
+
+    C = resolve(raw_config)
+    exp, tr, data = C["experiments"], C["train"], C["data"]
+    out: list[DiskPlan] = []
+    if data["source"] == "offline":
+        t = C["models"]["teacher"]
+        teachers = {"teacher": {**t, "vocab_size": data["tokenizer_vocab_size"], "tie_word_embeddings": True,
+                                "model_type": "qwen3"}}
+        n = dense_params(shape_of(teachers["teacher"]))
+        out.append(DiskPlan("teacher pretrain", 1, checkpoint_bytes(n, n), _keep(tr["teacher"]), 4 * n))
+    else:
+        teachers = {name.replace("/", "--"): name for name in C["models"]["teachers"]}
+    d = tr["distill"]
+    runs = sum(len(placement_seeds(C, p)) for p in exp["distill"]["placements"])
+    for tname, tcfg in teachers.items():
+        s = shape_of(tcfg)
+        n_mix = s.num_layers - _n_fa(s.num_layers, exp["distill"]["fa_ratio"])
+        for mixer in exp["distill"]["mixers"]:
+            n = model_params(s, mixer, n_mix)
+            mixers = n_mix * mixer_params(s, mixer)
+            for stage, trainable in ((1, mixers), (2, n)):
+                out.append(DiskPlan(f"distill_stage{stage} {tname} {mixer}", runs, checkpoint_bytes(n, trainable),
+                                    _keep(d), 4 * n))
+    if "bld" not in studies(C):
+        return out
+    sr, pat = tr["bld_sr"], exp["bld_sr"]["pattern"]
+    m = {k: v for k, v in sr["model"].items() if k != "mixer_chunk_size"}
+    from hybridlab.data.spaced_retrieval import VOCAB_SIZE
+
+    s = shape_of({**m, "num_hidden_layers": len(pat), "vocab_size": VOCAB_SIZE, "tie_word_embeddings": False,
+                  "model_type": "qwen3"})
+    ov = {"chunk_size": sr["model"]["mixer_chunk_size"]} if "mixer_chunk_size" in sr["model"] else None
+    n = model_params(s, exp["bld_sr"]["mixer"], pat.count("mixer"), ov)
+    muon = hidden_matrix_params(s, exp["bld_sr"]["mixer"], pat.count("mixer"), ov) if sr.get("optimizer") == "muon" else 0
+    out.append(DiskPlan("bld_sr (every arm)", len(sr_arm_specs(exp["bld_sr"])) * len(experiment_seeds(C, "bld_sr")),
+                        checkpoint_bytes(n, n, muon), _keep(sr), 4 * n))
+    nl = tr["bld_nl"]
+    vocab = data.get("tokenizer_vocab_size")
+    if data["source"] == "hub":
+        from hybridlab.data.tokenizer import tokenizer_plan
+
+        tp = tokenizer_plan(C)
+        vocab = shape_of(tp["sources"][tp["bld_nl"]]).vocab_size
+    arms_per = len(nl_arms(["m"], ["s"]))  # baseline and BLD
+    for size, shape in nl["sizes"].items():
+        sh = {k: v for k, v in shape.items() if k != "mixer_chunk_size"}
+        s = shape_of({**sh, "vocab_size": vocab, "tie_word_embeddings": True, "model_type": "smollm3"})
+        ov = {"chunk_size": shape["mixer_chunk_size"]} if "mixer_chunk_size" in shape else None
+        n_mix = layer_kinds(exp["bld_nl"]["pattern"], shape["num_hidden_layers"]).count("mixer")
+        for mixer in exp["bld_nl"]["mixers"]:
+            n = model_params(s, mixer, n_mix, ov)
+            # the newest checkpoints come after the unfreeze, under its optimiser
+            muon = hidden_matrix_params(s, mixer, n_mix, ov) if exp["bld_nl"]["optimizer_after_unfreeze"] == "muon" else 0
+            out.append(DiskPlan(f"bld_nl {size} {mixer}", arms_per * len(experiment_seeds(C, "bld_nl")),
+                                checkpoint_bytes(n, n, muon), _keep(nl), 4 * n))
+    return out
+
+
+def format_disk(disks: list[DiskPlan]) -> str:
+    """Disk per job kind and in all (GB = 1e9 bytes)."""
+    head = ["job", "runs", "checkpoint", "kept", "final", "per run", "all runs"]
+    rows = [[p.job, str(p.runs), f"{p.checkpoint_bytes / GB:.2f}", str(p.kept), f"{p.final_bytes / GB:.2f}",
+             f"{p.per_run / GB:.2f}", f"{p.total / GB:.1f}"] for p in disks]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    legend = ("Disk in GB (1e9 bytes): per run = checkpoint x kept (train.<run>.keep_last_k) + final fp32 weights; "
+              "a checkpoint = fp32 model + AdamW's two fp32 moments per trainable parameter (Muon: one).")
+    return "\n".join([legend, fmt(head), *(fmt(r) for r in rows),
+                      f"disk in all: {sum(p.total for p in disks) / GB:.1f} GB over {sum(p.runs for p in disks)} runs"])
 
 
 TERM_COLUMNS = ("parameters", "gradients", "optimizer", "optimizer_step", "teacher", "activations",

@@ -46,13 +46,23 @@ def _update_with_file(h, path: Path) -> None:
         h.update(fh.read(_EDGE_BYTES))
 
 
+# Settings that only say how many checkpoints to keep: changing them resumes the run instead of restarting it.
+NOT_FINGERPRINTED = frozenset({"keep_last_k"})
+
+
+def _trajectory(settings):
+    if isinstance(settings, dict):
+        return {k: _trajectory(v) for k, v in settings.items() if k not in NOT_FINGERPRINTED}
+    return settings
+
+
 def fingerprint(settings: dict, inputs: Iterable[str | Path]) -> str:
     """16 hex digits over the canonical JSON of ``settings`` and every input file's contents.
 
     An input directory contributes all its files (recursively, sorted, hidden ones skipped). An input
     that is not a local path (a hub id) contributes its name.
     """
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps(_trajectory(settings), sort_keys=True, default=str).encode())
     for item in inputs:
         path = Path(item)
         h.update(b"\0input\0" if path.exists() else f"\0input\0{item}\0".encode())

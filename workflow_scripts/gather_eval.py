@@ -1,0 +1,40 @@
+"""Gather the per-model tables of one evaluation into the table(s) the figures read.
+
+`niah`: the eval_niah jobs' per-example tables -> --examples (niah_examples.parquet, every model) and --out
+(niah.parquet, the summary; `hybridlab.eval.niah.gather_niah`). `lm_benchmarks`: the eval_lm_benchmarks
+jobs' tables -> --out (lm_benchmarks.parquet; `hybridlab.eval.lm_eval.gather_tables`). Same columns as a
+single job over every model wrote.
+"""
+
+import _common
+
+PARAMS = """--params keys: models (the model names, in the order of --inputs; recorded with the outputs)"""
+
+
+def main() -> None:
+    p = _common.parser(__doc__, PARAMS)
+    p.add_argument("kind", choices=["niah", "lm_benchmarks"])
+    p.add_argument("--inputs", nargs="+", required=True, help="per-model tables (.parquet)")
+    p.add_argument("--out", required=True, help="the gathered table (niah: the summary)")
+    p.add_argument("--examples", help="niah: the per-example table of every model")
+    args = p.parse_args()
+
+    from hybridlab.errors import HybridlabError
+    from hybridlab.eval.pairs import write_table
+
+    if args.kind == "lm_benchmarks":
+        from hybridlab.eval.lm_eval import gather_tables
+
+        write_table(gather_tables(args.inputs), args.out)
+        return
+    if not args.examples:
+        raise HybridlabError("gather_eval.py niah: give --examples (the per-example table)")
+    from hybridlab.eval.niah import gather_niah
+
+    examples, summary = gather_niah(args.inputs)
+    write_table(examples, args.examples)
+    write_table(summary, args.out)
+
+
+if __name__ == "__main__":
+    _common.run(main)
