@@ -478,8 +478,9 @@ ANALYSIS_SEED = DISTILL_SEEDS[0]
 NL_ANALYSIS_SEED = NL_SEEDS[0]
 
 
-def analysis_models_param():
-    """Which models the SoftCKA / recency / NIAH / fertility rules analyse (hybridlab.eval.pairs)."""
+def analysis_models_param(seed=None):
+    """Which models the SoftCKA / recency / NIAH / fertility rules analyse (hybridlab.eval.pairs); `seed`: a
+    further replicate seed's distilled students alone (the placements that have it), no hub pair."""
     A = C.get("eval", {}).get("analysis")
     if A is None:
         print(f"error: config: presets.{SCALE}.eval.analysis is missing; copy it from another preset", file=sys.stderr)
@@ -490,22 +491,23 @@ def analysis_models_param():
                 "teacher": teacher_name(t),
                 "teacher_path": teacher_dir(t),
                 "student": f"{p}-{m}",
-                "student_path": distill_dir(t, p, m, "stage2", ANALYSIS_SEED),
+                "student_path": distill_dir(t, p, m, "stage2", ANALYSIS_SEED if seed is None else seed),
                 "tokenizer": tokenizer_dir(teacher_tok(t)) if OFFLINE else teacher_dir(t),
             }
             for t, p, m in STUDENTS
+            if seed is None or seed in placement_seeds(C, p)
         ]
         if A["include_distilled"]
         else []
     )
-    return {"distilled": distilled, "hub_pairs": A["hub_pairs"]}
+    return {"distilled": distilled, "hub_pairs": A["hub_pairs"] if seed is None else []}
 
 
-def analysis_params(section):
+def analysis_params(section, seed=None):
     A = C["eval"]["analysis"]
     return as_json(
         {
-            "models": analysis_models_param(),
+            "models": analysis_models_param(seed),
             "dtype": A["dtype"],
             "seed": C["seed"],
             "english": C["languages"]["english"],
@@ -514,13 +516,25 @@ def analysis_params(section):
     )
 
 
-def analysis_inputs():
-    """The DAG models the analyses read (none when only hub models are analysed)."""
+def analysis_inputs(seed=None):
+    """The DAG models the analyses read (none when only hub models are analysed); `seed`: a further
+    replicate seed's students (see analysis_models_param)."""
     if not C.get("eval", {}).get("analysis", {}).get("include_distilled", False):
         return []
     return [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES] + [
-        f"{d}/{f}" for d in distilled_students([ANALYSIS_SEED]) for f in ("model.safetensors", "hybrid.json")
+        f"{d}/{f}"
+        for d in distilled_students([ANALYSIS_SEED if seed is None else seed])
+        for f in ("model.safetensors", "hybrid.json")
     ]
+
+
+# SoftCKA also reads the distilled students of every further replicate seed (one job per seed, same teacher),
+# so its hybrid-vs-dense findings have an interval over seeds; the other analyses read the first seed only.
+SOFTCKA_SEEDS = (
+    sorted({s for *_, s in DISTILL_RUNS} - {ANALYSIS_SEED})
+    if C.get("eval", {}).get("analysis", {}).get("include_distilled", False)
+    else []
+)
 
 
 def model_slug(name):
@@ -639,13 +653,20 @@ _NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for 
 # The figure and table registry is hybridlab.plots.figures (FIGURES, TABLES: name -> drawing function and the
 # input tables it reads); the rules derive one job per entry from it, with each input table's files:
 # an eval table is one parquet file, a training study (distill, bld_sr, bld_nl) one metrics file per run.
-_INPUT_FILES = {"distill": _DISTILL_RUNS, "distill_stage1": _DISTILL1_RUNS, "bld_sr": _SR_RUNS, "bld_nl": _NL_RUNS}
+_SOFTCKA_SEED_RUNS = {f"softcka_seeds/seed{s}/all": R("eval", f"softcka_seed{s}.parquet") for s in SOFTCKA_SEEDS}
+_INPUT_FILES = {
+    "distill": _DISTILL_RUNS,
+    "distill_stage1": _DISTILL1_RUNS,
+    "bld_sr": _SR_RUNS,
+    "bld_nl": _NL_RUNS,
+    "softcka_seeds": _SOFTCKA_SEED_RUNS,
+}
 
 
 def _inputs(needs):
     files = {}
     for name in needs:
-        files.update(_INPUT_FILES.get(name) or {name: _EV(name)})
+        files.update(_INPUT_FILES[name] if name in _INPUT_FILES else {name: _EV(name)})
     return files
 
 
@@ -665,8 +686,11 @@ _BLD = (
 
 
 # A preset without the BLD study draws none of its figures and tables; the findings table reads what exists.
+_BLD_TABLES = {"retrieval_score", "bld_sr", "bld_nl"}
+
+
 def _needs(name, needs):
-    return [n for n in needs if BLD_STUDY or n not in _registry.OPTIONAL_INPUTS.get(name, ())]
+    return [n for n in needs if BLD_STUDY or n not in _BLD_TABLES]
 
 
 FIGURES = {

@@ -29,6 +29,35 @@ rule eval_softcka:
         "--out {output} > {log} 2>&1"
 
 
+rule eval_softcka_seed:
+    """SoftCKA of a further replicate seed's distilled students (and their teacher), as eval_softcka."""
+    input:
+        models=lambda wc: analysis_inputs(int(wc.seed)),
+        parallel=CORPUS["parallel"],
+        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
+    output:
+        R("eval", "softcka_seed{seed}.parquet"),
+    log:
+        LOG("eval", "softcka_seed{seed}"),
+    benchmark:
+        BENCH("eval", "softcka_seed{seed}")
+    wildcard_constraints:
+        seed=SEED_RE,
+    priority: PRIORITY["softcka"]
+    conda:
+        CUDA_ENV
+    threads: 1 if not ON_GPU else 8
+    resources:
+        mem_mb=8000 if OFFLINE else 64000,
+        runtime=30 if OFFLINE else 720,
+        gpu=gpus(1),
+    params:
+        cfg=lambda wc: analysis_params("softcka", int(wc.seed)),
+    shell:
+        "python workflow_scripts/eval_softcka.py --params {params.cfg:q} --parallel {input.parallel} "
+        "--out {output} > {log} 2>&1"
+
+
 rule eval_recency:
     """Attention mass on the last w tokens and mean attention distance per FA layer and head."""
     input:
@@ -337,4 +366,5 @@ rule eval:
     """Phase target: every analysis table."""
     input:
         [R("eval", f"{name}.parquet") for name in EVAL_TABLES],
+        [R("eval", f"softcka_seed{s}.parquet") for s in SOFTCKA_SEEDS],
         [R("eval", "lm_benchmarks.parquet")] if PAPER_PATH else [],

@@ -308,3 +308,22 @@ def test_niah_tables_without_n_oom_are_read_as_oom_counted_wrong():
                              accuracy=0.3, oom=True, oom_rate=0.5, seconds=0.1)])
     c = findings.niah_counts(old).row(0, named=True)
     assert (c["k"], c["done"], c["n_oom"]) == (3, 5, 5)
+
+
+def test_softcka_rows_of_a_dag_pair_decide_over_replicate_seeds():
+    """The DAG's own pair with a second seed's SoftCKA table: the hybrid-minus-dense gap is the mean of the
+    per-seed gaps with a t-interval over seeds, and two seeds that agree decide it."""
+    dag = _softcka().with_columns(pair=pl.lit("teacher/sp-gdn"))  # the pair named after its hybrid: the DAG's
+    # seed 0: hybrid 0.3 - 0.1 lower than dense; seed 1 (the further seed's table): 0.12 lower
+    first = dag.with_columns(alignment=pl.when(pl.col("role") == "hybrid").then(0.2).otherwise(0.3))
+    second = figures.concat_runs({"seed1/all": dag.with_columns(
+        alignment=pl.when(pl.col("role") == "hybrid").then(0.18).otherwise(0.3))})
+    one = _one(_table(softcka=first), "hybrids are less cross-lingually aligned than dense models", "teacher/sp-gdn")
+    assert one["n_seeds"] == 1 and one["verdict"] == stats.INCONCLUSIVE
+    df = findings.findings_table(_rows(), _distill(), first, _niah(), _score(), _sr_runs(), _nl_runs(),
+                                 softcka_seeds=second)
+    two = _one(df, "hybrids are less cross-lingually aligned than dense models", "teacher/sp-gdn")
+    c = U.spread_columns([-0.1, -0.12], "x")
+    assert two["n_seeds"] == 2 and two["ci_over"] == "seeds (t-interval)"
+    assert (two["effect"], two["ci_lo"], two["ci_hi"]) == pytest.approx((-0.11, c["x_lo"], c["x_hi"]))
+    assert two["verdict"] == stats.verdict(-0.11, (c["x_lo"], c["x_hi"]), -1)

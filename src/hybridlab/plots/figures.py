@@ -808,9 +808,9 @@ FIGURES = {
     "fig_position_loss": (position_loss, ["position_loss"]),
     "fig_retrieval_heads": (retrieval_heads, ["retrieval_heads", "retrieval_heads_masking"]),
 }
-RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl")  # one metrics file per run: `<table>/<run>=path`
+RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl", "softcka_seeds")  # one metrics file per run: `<table>/<run>=path`
 # Inputs a table reads when they exist (a preset without the BLD study has none of the BLD tables).
-OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl")}
+OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl", "softcka_seeds")}
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),
     "table_kl_reduction": (kl_reduction_table, ["perplexity"]),
@@ -824,7 +824,7 @@ TABLES = {
     "table_kl_gaps": (lambda *a, **k: _results_page.kl_gap_table(*a, **k), ["distill", "distill_stage1"]),
     "table_findings": (lambda *a, **k: _findings.findings_table(*a, **k),
                        ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl",
-                        "distill_stage1"]),
+                        "distill_stage1", "softcka_seeds"]),
 }
 
 

@@ -311,11 +311,38 @@ def first_fa_margins(hybrid_hidden: pl.DataFrame, metric: str) -> tuple[int | No
     return f, out
 
 
-def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
+def _seed_effects(hid: pl.DataFrame, extra: pl.DataFrame | None, pair: str, effect) -> list[float]:
+    """`effect(rows of one pair)` for the first seed's table and each further seed's (`extra`, a `seed`
+    column); NaN effects are left out."""
+    values = [effect(hid.filter(pl.col("pair") == pair))]
+    if extra is not None:
+        for (_seed,), g in extra.filter(pl.col("pair") == pair).group_by(["seed"], maintain_order=True):
+            values.append(effect(g))
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _over_seeds(row: dict, values: list[float]) -> dict:
+    """A DAG pair's row decided over its replicate seeds (mean, t-interval) when there are two or more."""
+    if len(values) < 2:
+        return row
+    c = U.spread_columns(values, "x")
+    v, why = decide(c["x"], c["x_lo"], c["x_hi"], -1 if row["expected"] == "-" else +1, c["n_seeds"])
+    note = "; ".join(x for x in (why, f"mean over {c['n_seeds']} seeds of the per-seed effect "
+                                      f"({', '.join(f'{x:.3g}' for x in values)})") if x)
+    return {**row, "effect": c["x"], "ci_lo": c["x_lo"], "ci_hi": c["x_hi"], "ci_over": "seeds (t-interval)",
+            "n_seeds": c["n_seeds"], "verdict": v, "note": note, "test": "", "p_value": math.nan}
+
+
+def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = None) -> list[dict]:
+    """SoftCKA findings; `softcka_seeds` (the further replicate seeds' SoftCKA of the DAG's students, a `seed`
+    column) turns a DAG pair's rows into an effect over seeds with a t-interval."""
     out = []
     hid = softcka.filter(pl.col("kind") == "hidden") if "kind" in softcka.columns else softcka
     if not {"pair", "role", "lang", "layer"} <= set(hid.columns):
         return out
+    extra = None
+    if softcka_seeds is not None and softcka_seeds.height:
+        extra = softcka_seeds.filter(pl.col("kind") == "hidden") if "kind" in softcka_seeds.columns else softcka_seeds
     models = pair_models(hid)
     views = [(m, label) for m, label in (("alignment", ""), ("cka", " (second view: sentence-set CKA)"))
              if m in hid.columns]
@@ -337,12 +364,20 @@ def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
                 d = [margins[k] for k in sorted(margins)]
                 lo, hi = _boot_over(d)
                 k = sum(x > 0 for x in d)
-                out.append(_row(MULTI, finding, pair,
-                                f"mean over languages of |change of {metric}| at the first FA layer (hidden row {f}) "
-                                "minus the largest |change| at any other layer, hybrid only", +1, float(np.mean(d)),
-                                lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages", _sign_p(d),
-                                "softcka", f"largest |change| at the first FA layer in {k} of {len(d)} languages",
-                                units=rule["units"]))
+                row = _row(MULTI, finding, pair,
+                           f"mean over languages of |change of {metric}| at the first FA layer (hidden row {f}) "
+                           "minus the largest |change| at any other layer, hybrid only", +1, float(np.mean(d)),
+                           lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages", _sign_p(d),
+                           "softcka", f"largest |change| at the first FA layer in {k} of {len(d)} languages",
+                           units=rule["units"])
+
+                def margin_mean(rows, metric=metric):
+                    m = first_fa_margins(rows.filter(pl.col("role") == "hybrid"), metric)[1]
+                    return float(np.mean(list(m.values()))) if m else math.nan
+
+                if not is_published(pair, models[pair].get("hybrid")):
+                    row = _over_seeds(row, _seed_effects(hid, extra, pair, margin_mean))
+                out.append(row)
     # hybrids are less cross-lingually aligned than their dense partners
     for metric, label in views:
         finding = "hybrids are less cross-lingually aligned than dense models" + label
@@ -363,9 +398,21 @@ def _softcka_rows(softcka: pl.DataFrame) -> list[dict]:
             lo, hi = _boot_over(d)
             what = ("per-pair cross-language alignment (centred cosine of each translation pair's kernel mean "
                     "embeddings)" if metric == "alignment" else "sentence-set SoftCKA (CKA of the two N x N Grams)")
-            out.append(_row(MULTI, finding, pair, f"mean over languages and layers of the {what} vs English, hybrid "
-                            "minus dense", -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
-                            "sign test over languages", _sign_p(d), "softcka", units=rule["units"]))
+            row = _row(MULTI, finding, pair, f"mean over languages and layers of the {what} vs English, hybrid "
+                       "minus dense", -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
+                       "sign test over languages", _sign_p(d), "softcka", units=rule["units"])
+
+            def gap(rows, metric=metric):
+                w = rows.group_by(["role", "lang"]).agg(pl.col(metric).mean()).pivot(on="role", index="lang",
+                                                                                   values=metric)
+                if not {"hybrid", "dense"} <= set(w.columns):
+                    return math.nan
+                w = w.drop_nulls(["hybrid", "dense"])
+                return float((w["hybrid"] - w["dense"]).mean()) if w.height else math.nan
+
+            if not is_published(pair, models[pair].get("hybrid")):
+                row = _over_seeds(row, _seed_effects(hid, extra, pair, gap))
+            out.append(row)
     return out
 
 
@@ -559,13 +606,15 @@ def _bld_nl_rows(nl_runs: pl.DataFrame) -> list[dict]:
 
 def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka: pl.DataFrame, niah: pl.DataFrame,
                    retrieval_score: pl.DataFrame | None, bld_sr: pl.DataFrame | None, bld_nl: pl.DataFrame | None,
-                   distill_stage1: pl.DataFrame | None = None, baseline: str = "standard_periodic",
+                   distill_stage1: pl.DataFrame | None = None, softcka_seeds: pl.DataFrame | None = None,
+                   baseline: str = "standard_periodic",
                    english: str = ENGLISH) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
     are None for a preset that runs the multilinguality study alone (its BLD rows are then left out)."""
-    rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english) + _softcka_rows(softcka)
+    rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
+            + _softcka_rows(softcka, softcka_seeds)
             + _niah_rows(niah))
     if retrieval_score is not None and bld_sr is not None:
         rows += _bld_sr_rows(retrieval_score, bld_sr)

@@ -285,6 +285,9 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
         save_hybrid(model, tmp)
         metrics.write_parquet(tmp / METRICS_FILE)
         write_summary(tmp, summary)
+    # The published directory is the stage's result; its resumption checkpoints (weights and optimiser
+    # state, several times the model's size) are no longer needed. Metrics and fingerprint stay.
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)
     print(f"stage {stage}: held-out KL {initial['kl']:.4f} -> {final['kl']:.4f}, "
           f"CE {initial['ce']:.4f} -> {final['ce']:.4f} ({result.tokens} tokens, {seconds:.1f}s)")
     return summary
