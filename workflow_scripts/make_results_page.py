@@ -22,7 +22,7 @@ def main() -> None:
     from hybridlab.atomic import write_text
     from hybridlab.plots.results_page import job_times, results_markdown
 
-    files = sorted(f for d in args.benchmarks for f in Path(d).glob("*.tsv"))
+    files = sorted(f for d in args.benchmarks for f in Path(d).rglob("*.tsv"))
     page = results_markdown(pl.read_csv(args.findings), pl.read_csv(args.gaps), job_times(files),
                             scale=params["preset"], header=params.get("header", ""))
     write_text(args.out, page)
