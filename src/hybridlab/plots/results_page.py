@@ -99,7 +99,9 @@ def job_times(bench_files: list[str | Path]) -> pl.DataFrame:
     for f in bench_files:
         f = Path(f)
         df = pl.read_csv(f, separator="\t")
-        rows.append({"job": f.stem, "phase": f.parent.parent.parent.name, "seconds": float(df["s"][0])})
+        parts = f.parts
+        phase = parts[parts.index("benchmarks") - 2] if "benchmarks" in parts[2:] else ""
+        rows.append({"job": f.stem, "phase": phase, "seconds": float(df["s"][0])})
     if not rows:
         return pl.DataFrame(schema={"job": pl.String, "phase": pl.String, "seconds": pl.Float64})
     return pl.DataFrame(rows).sort("seconds", descending=True)
