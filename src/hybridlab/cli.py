@@ -43,10 +43,12 @@ def _cmd_placements(args) -> None:
 
 
 def _cmd_languages(args) -> None:
-    from hybridlab.data.languages import REGISTRY
+    from hybridlab.data.languages import DATASETS, LANGUAGES
 
-    for code, lang in sorted(REGISTRY.items()):
-        print(f"{code}\t{lang.name}")
+    print("code\tname\t" + "\t".join(DATASETS))
+    for code, lang in sorted(LANGUAGES.items()):
+        names = [getattr(lang, attr) or "-" for _, attr in DATASETS.values()]
+        print(f"{code}\t{lang.name}\t" + "\t".join(names))
 
 
 def _cmd_cache_pull(args) -> None:
