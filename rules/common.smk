@@ -13,6 +13,7 @@ from hybridlab.config import config_hash, experiment_seeds, placement_seeds, res
 from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, check_paths, job_environment, local_sources
 from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
+from hybridlab.eval.pairs import model_slug
 from hybridlab.plots import figures as _registry
 from hybridlab.train.arms import sr_arm_specs
 
@@ -344,7 +345,7 @@ GGUF_TOKENIZERS = {teacher_tok(t): t for t in GGUF_TEACHERS}
 
 
 def teacher_script(teacher):
-    """How the teacher rule makes a teacher: pre-trained here (offline), converted from GGUF, or fetched."""
+    """The teacher job's script: pre-training here (offline), conversion from GGUF, or the hub fetch."""
     if OFFLINE:
         return "pretrain_teacher.py"
     return "convert_gguf_teacher.py" if teacher in GGUF_TEACHERS else "fetch_teacher.py"
@@ -537,11 +538,6 @@ SOFTCKA_SEEDS = (
 )
 
 
-def model_slug(name):
-    """A model name as a file name and wildcard value (hub ids and nested paths: '/' -> '--')."""
-    return name.replace("/", "--")
-
-
 def _niah_models():
     """{slug: AnalysisModel} of the NIAH analysis (one eval_niah job each), checked once."""
     from hybridlab.eval.pairs import analysis_models
@@ -566,8 +562,15 @@ def niah_model_params(slug):
         "hub_pairs": [p for p in full["hub_pairs"] if p["name"] in m.pairs],
     }
     A = C["eval"]["analysis"]
-    return as_json({"models": models, "dtype": A["dtype"], "seed": C["seed"], "english": C["languages"]["english"],
-                    "niah": A["niah"]})
+    return as_json(
+        {
+            "models": models,
+            "dtype": A["dtype"],
+            "seed": C["seed"],
+            "english": C["languages"]["english"],
+            "niah": A["niah"],
+        }
+    )
 
 
 def niah_model_inputs(slug):
@@ -702,6 +705,7 @@ TABLES = {
     if (PAPER_PATH or not _PAPER_ONLY & set(needs)) and (BLD_STUDY or not name.startswith(_BLD))
 }
 
+
 def _stage_tokens(stage):
     st = C.get("train", {}).get("distill", {}).get(stage, {})
     if "token_budget" in st:
@@ -710,9 +714,14 @@ def _stage_tokens(stage):
 
 
 # The results page's preamble: what was trained on what, and how far this budget is from the study's.
+_HELDOUT_TEXT = (
+    f"FLORES-200 {DATA.get('flores_split', 'devtest')} (never trained on)"
+    if DATA.get("heldout")
+    else "the mixture validation documents"
+)
 RESULTS_HEADER = (
     f"Teacher(s): {', '.join(C['models'].get('teachers') or ['pre-trained in the DAG'])}. "
-    f"Held-out text: {'FLORES-200 ' + DATA.get('flores_split', 'devtest') + ' (never trained on)' if DATA.get('heldout') else 'the mixture validation documents'}. "
+    f"Held-out text: {_HELDOUT_TEXT}. "
     f"Each student: {_stage_tokens('stage1'):,} stage-1 and {_stage_tokens('stage2'):,} stage-2 tokens, against "
     "the study's 1B: a different regime, so compare directions and sizes, not values."
 )

@@ -31,7 +31,9 @@ rule tokenizer:
     """Byte-level BPE trained on the corpus (smoke/tiny) or the hub tokenizer saved locally (paper)."""
     input:
         mono=CORPUS["mono"],
-        gguf_teacher=lambda wc: [f"{teacher_dir(GGUF_TOKENIZERS[wc.tok])}/config.json"] if wc.tok in GGUF_TOKENIZERS else [],
+        gguf_teacher=lambda wc: (
+            [f"{teacher_dir(GGUF_TOKENIZERS[wc.tok])}/config.json"] if wc.tok in GGUF_TOKENIZERS else []
+        ),
     output:
         R("data", "tokenizer/{tok}/tokenizer.json"),
     log:

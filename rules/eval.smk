@@ -168,12 +168,12 @@ rule eval_niah:
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         R("eval", "niah/{model}.parquet"),
-    wildcard_constraints:
-        model=wildcard_choice(NIAH_MODELS),
     log:
         LOG("eval", "niah/{model}"),
     benchmark:
         BENCH("eval", "niah/{model}")
+    wildcard_constraints:
+        model=wildcard_choice(NIAH_MODELS),
     priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
@@ -317,12 +317,12 @@ rule eval_lm_benchmarks:
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
         R("eval", "lm_benchmarks/{model}.parquet"),
-    wildcard_constraints:
-        model=wildcard_choice(LM_BENCHMARK_JOBS),
     log:
         LOG("eval", "lm_benchmarks/{model}"),
     benchmark:
         BENCH("eval", "lm_benchmarks/{model}")
+    wildcard_constraints:
+        model=wildcard_choice(LM_BENCHMARK_JOBS),
     priority: PRIORITY["eval"]
     conda:
         CUDA_ENV

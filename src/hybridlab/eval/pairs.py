@@ -68,6 +68,11 @@ def _add(models: dict[str, AnalysisModel], name: str, path: str, tokenizer: str,
     m.trust_remote_code = m.trust_remote_code or trust_remote_code
 
 
+def model_slug(name: str) -> str:
+    """A model name as a file name and a wildcard value: hub ids and nested paths with '/' replaced by '--'."""
+    return name.replace("/", "--")
+
+
 def analysis_models(distilled: Sequence[dict[str, str]] = (), hub_pairs: Sequence[dict[str, Any]] = ()
                     ) -> list[AnalysisModel]:
     """The models to analyse, each once, in a stable order (first appearance).
