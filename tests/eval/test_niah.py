@@ -339,21 +339,9 @@ def test_native_window_from_the_config_key_the_teacher_or_the_model_config():
 def test_niah_tables_count_oom_apart_and_record_the_window_and_factor(monkeypatch):
     import polars as pl
 
-    from hybridlab.eval import niah, pairs
+    from hybridlab.eval import niah
 
-    class Tok(WordTokenizer):
-        def __call__(self, text, return_tensors=None, add_special_tokens=True):
-            return super().__call__(text, return_tensors)
-
-    tok = Tok()
-    models = {"t/sp-gdn": _tiny_qwen(tok), "t": Oracle(tok, oom_above=200)}
-    monkeypatch.setattr(pairs, "load_analysis_model", lambda m, **kw: (models[m.name], tok))
-    mono = pl.DataFrame({"doc_id": ["a"], "lang": ["eng_Latn"], "text": [" ".join(HAYSTACK)], "source": ["t"]})
-    params = {"seed": 0, "dtype": None, "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
-                                                                       student_path="y", tokenizer="z")]},
-              "niah": {"languages": ["eng_Latn"], "tasks": ["niah_single"], "context_tokens": [150, 300],
-                       "examples_per_cell": 2, "answer_slack_tokens": 2, "yarn_factor": 2.0,
-                       "native_window": {"t": 200}}}
+    mono, params = _split_setup(monkeypatch, tasks=["niah_single"], yarn_factor=2.0, native_window={"t": 200})
     examples, summary = niah.niah_tables(mono, params, device="cpu", log=lambda *_: None)
     by = {(r["model"], r["context_tokens"]): r for r in summary.iter_rows(named=True)}
     dense_long = by["t", 300]
@@ -368,7 +356,9 @@ def test_niah_tables_count_oom_apart_and_record_the_window_and_factor(monkeypatc
     assert examples.filter(pl.col("oom"))["correct"].null_count() == 2
 
 
-def _split_setup(monkeypatch):
+def _split_setup(monkeypatch, **niah):
+    """(mono, params) of a two-model NIAH run (a tiny Qwen3 student, an Oracle teacher that runs out of memory
+    above 200 tokens); `niah` replaces keys of its niah section."""
     import polars as pl
 
     from hybridlab.eval import pairs
@@ -384,7 +374,7 @@ def _split_setup(monkeypatch):
     params = {"seed": 0, "dtype": None, "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
                                                                        student_path="y", tokenizer="z")]},
               "niah": {"languages": ["eng_Latn"], "tasks": ["niah_single", "niah_none"], "context_tokens": [150, 300],
-                       "examples_per_cell": 2, "answer_slack_tokens": 2}}
+                       "examples_per_cell": 2, "answer_slack_tokens": 2, **niah}}
     return mono, params
 
 
