@@ -1,7 +1,8 @@
 """Convert a dense teacher into a hybrid: full attention at the placement's layers, a mixer elsewhere.
 
 The student inherits q/k/v/o from the teacher's attention (GQA k/v heads repeated); new mixer
-parameters are initialised as fla does, seeded; params `conv_init` ("random", the default, or
+parameters are initialised as fla does, seeded; the loaded teacher is converted in place (one model in
+memory); params `conv_init` ("random", the default, or
 "identity") chooses the q/k/v short convolutions' kernel (hybridlab.models.convert). Written with
 `save_hybrid` (config.json of the base model + model.safetensors + hybrid.json), loadable with
 `hybridlab.models.io.load_hybrid`.
@@ -25,13 +26,16 @@ def main() -> None:
     teacher = load_causal_lm(args.teacher)
     n_layers = teacher.config.get_text_config(decoder=True).num_hidden_layers
     fa = fa_layers(params["placement"], n_layers, ratio=params["fa_ratio"])
+    n_teacher = sum(p.numel() for p in teacher.parameters())
+    # in place: the loaded teacher becomes the student (no second full copy in host memory)
     student = convert_to_hybrid(teacher, fa, params["mixer"], seed=params["seed"],
-                                conv_init=params.get("conv_init", "random"))
+                                conv_init=params.get("conv_init", "random"), inplace=True)
+    del teacher
     student.hybridlab_spec.extra = {"placement": params["placement"], "fa_ratio": params["fa_ratio"],
                                     "teacher": args.teacher}
     save_hybrid(student, args.out)
     types = ["full_attention" if i in fa else params["mixer"] for i in range(n_layers)]
-    n_new = sum(p.numel() for n, p in student.named_parameters()) - sum(p.numel() for p in teacher.parameters())
+    n_new = sum(p.numel() for p in student.parameters()) - n_teacher
     print(f"{params['placement']} ({params['mixer']}): FA layers {fa}  {placement_diagram(types)}  "
           f"{n_new:+d} parameters vs teacher, conv_init {params.get('conv_init', 'random')}")
 

@@ -291,6 +291,24 @@ def test_seeded_initialisation():
     assert new and any(not torch.equal(a[k], c[k]) for k in new)
 
 
+@pytest.mark.parametrize("arch", ("qwen3", "llama"))
+def test_inplace_conversion_equals_the_copy_and_keeps_the_teachers_attention_bit_identical(arch):
+    """inplace=True (the conversion job's path: no second copy of the teacher) gives the very same tensors
+    as converting a copy: the FA layers' weights are the teacher's bits, the mixers draw the same numbers."""
+    teacher = _teacher(arch)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    copied = convert_to_hybrid(teacher, [0, 2], "gdn", seed=3).state_dict()
+    model = _teacher(arch)
+    inplace = convert_to_hybrid(model, [0, 2], "gdn", seed=3, inplace=True)
+    assert inplace is model and isinstance(model.model.layers[1].self_attn, MixerAttention)
+    got = inplace.state_dict()
+    assert list(got) == list(copied) and all(torch.equal(got[k], copied[k]) for k in got)
+    fa_keys = [k for k in before if k.startswith(("model.layers.0.", "model.layers.2."))]
+    assert fa_keys and all(torch.equal(got[k], before[k]) for k in fa_keys)
+    # the replaced attention is gone from the model, not kept beside its mixer
+    assert not any(k.startswith("model.layers.1.self_attn.") and ".mixer." not in k for k in got)
+
+
 def test_identity_conv_init_is_exactly_the_identity_before_silu():
     """conv_init="identity": each q/k/v short conv returns its input exactly (kernel (0, 0, 0, 1) with
     causal left padding), so the mixer's q/k/v are silu(teacher projections); prefill + cached steps

@@ -271,8 +271,13 @@ def teacher_mixer_config(model, mixer_kind: str, overrides: dict | None = None):
     return dataclasses.replace(base, **overrides)
 
 
-def apply_hybrid_structure(model, spec: HybridSpec) -> list[MixerAttention]:
-    """Swap in freshly initialised mixers at spec.mixer_layers (in place) and install the padding hook."""
+def apply_hybrid_structure(model, spec: HybridSpec, on_swap=None) -> list[MixerAttention]:
+    """Swap in freshly initialised mixers at spec.mixer_layers (in place) and install the padding hook.
+
+    `on_swap(wrapper, old_attention)`, if given, runs right after each swap, before the next mixer is
+    built (conversion inherits the projections there, so a replaced attention is freed before the next
+    mixer exists); it must not draw random numbers, or the later mixers' initialisation would change.
+    """
     from hybridlab.models.mixers import MixerConfig, build_mixer
 
     decoder, layers = _decoder_layers(model)
@@ -290,7 +295,10 @@ def apply_hybrid_structure(model, spec: HybridSpec) -> list[MixerAttention]:
         for idx in spec.mixer_layers:
             mixer = build_mixer(mixer_cfg, idx).to(device=ref.device, dtype=ref.dtype)
             wrapper = MixerAttention(mixer, idx, spec.mixer_kind, padding)
-            layers[idx].self_attn = wrapper
+            old, layers[idx].self_attn = layers[idx].self_attn, wrapper
+            if on_swap is not None:
+                on_swap(wrapper, old)
+            del old
             wrappers.append(wrapper)
     capture = CapturePaddingMask(padding)
     decoder.register_forward_pre_hook(capture.pre, with_kwargs=True)
@@ -377,6 +385,9 @@ def convert_to_hybrid(
 
     The teacher is left untouched unless `inplace`. Returns the (copied) transformers model with
     ``hybridlab_spec`` set; its mixers inherit q/k/v/o as described in the module docstring.
+    `inplace` turns `model` itself into the hybrid without a copy: each replaced attention is inherited
+    from and dropped before the next mixer is built, so the peak stays near the student's own size (a
+    conversion job that loads the teacher only to convert it holds no second copy).
     `conv_init` ("random" | "identity"; None = MixerConfig's default "random") initialises the q/k/v
     short convolutions; it is the same as ``mixer_overrides={"conv_init": ...}``.
     """
@@ -402,7 +413,6 @@ def convert_to_hybrid(
         )
     student = model if inplace else copy.deepcopy(model)
     _, layers = _decoder_layers(student)
-    teacher_attn = {i: layers[i].self_attn for i in range(len(layers))}
     spec = HybridSpec(
         fa_layers=fa,
         mixer_kind=mixer_kind,
@@ -412,6 +422,6 @@ def convert_to_hybrid(
         seed=seed,
         base_model=getattr(model.config, "_name_or_path", None) or None,
     )
-    for wrapper in apply_hybrid_structure(student, spec):
-        inherit_attention(wrapper.mixer, teacher_attn[wrapper.layer_idx], config, qk_norm)
+    apply_hybrid_structure(student, spec,
+                           on_swap=lambda wrapper, attn: inherit_attention(wrapper.mixer, attn, config, qk_norm))
     return student
