@@ -602,6 +602,36 @@ def bld_nl_dirs():
     return [bld_nl_dir(a, NL_ANALYSIS_SEED) for a in bld_nl_arms()]
 
 
+def position_loss_evaluator():
+    """The teacher key of LongPPL's external evaluator (`position_loss.evaluator` naming a teacher), or None when
+    it names an arm; a teacher must use the BLD-NL tokenizer, any other name must be an arm."""
+    pl_cfg = C.get("eval", {}).get("heads_position", {}).get("position_loss")
+    if not BLD_STUDY or pl_cfg is None:
+        return None
+    name = pl_cfg["evaluator"]
+    where = f"presets.{SCALE}.eval.heads_position.position_loss.evaluator"
+    if teacher_key(name) in TEACHERS:
+        if teacher_tok(teacher_key(name)) != BLD_NL_TOK:
+            print(
+                f"error: config: {where} {name!r} uses tokenizer {teacher_tok(teacher_key(name))!r} but the "
+                f"BLD-NL arms use {BLD_NL_TOK!r}; name a teacher with the BLD-NL tokenizer or an arm",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+        return teacher_key(name)
+    if name not in bld_nl_arms():
+        print(
+            f"error: config: {where} {name!r} is neither a BLD-NL arm ({', '.join(bld_nl_arms())}) nor a teacher "
+            f"({', '.join(teacher_name(t) for t in TEACHERS)}); name one of them",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    return None
+
+
+POSITION_LOSS_EVALUATOR = position_loss_evaluator()
+
+
 # Paper (and rehearsal) preset only: lm-eval benchmarks on the teachers, the distilled students and every BLD-NL arm.
 LM_BENCHMARK_MODELS = (
     ([teacher_dir(t) for t in TEACHERS] + distilled_students([ANALYSIS_SEED]) + bld_nl_dirs()) if PAPER_PATH else []

@@ -281,6 +281,10 @@ rule eval_position_loss:
         models=[f"{d}/{f}" for d in bld_nl_dirs() for f in ("model.safetensors", "hybrid.json")],
         mixture=mixture_files(BLD_NL_TOK, "english"),
         tokenizer=tokenizer_file(BLD_NL_TOK),
+        # LongPPL's external evaluator: a teacher with the BLD-NL tokenizer (position_loss.evaluator), else none
+        evaluator=(
+            [f"{teacher_dir(POSITION_LOSS_EVALUATOR)}/{f}" for f in MODEL_FILES] if POSITION_LOSS_EVALUATOR else []
+        ),
     output:
         buckets=R("eval", "position_loss.parquet"),
         summary=R("eval", "position_loss_summary.parquet"),
@@ -303,9 +307,12 @@ rule eval_position_loss:
         tokdir=input_dir("tokenizer"),
         # documents: pg19 from local_sources.pg19 when set, else the hub or the HF cache
         pg19=f"--pg19-local {shlex.quote(str(local_sources(C)['pg19']))}" if local_sources(C)["pg19"] else "",
+        evaluator=(
+            f"--evaluator-model {shlex.quote(teacher_dir(POSITION_LOSS_EVALUATOR))}" if POSITION_LOSS_EVALUATOR else ""
+        ),
     shell:
         "python workflow_scripts/eval_position_loss.py --params {params.cfg:q} --models {params.models} "
-        "--mixture {params.mixture} --tokenizer {params.tokdir} {params.pg19} "
+        "--mixture {params.mixture} --tokenizer {params.tokdir} {params.pg19} {params.evaluator} "
         "--out {output.buckets} --summary {output.summary} --threads {threads} > {log} 2>&1"
 
 

@@ -6,8 +6,10 @@ Writes (tidy parquet; definitions: `hybridlab.eval.niah.niah_tables`)
   out-of-memory example is its own outcome, not a wrong answer), mean_prompt_tokens, seconds,
   peak_memory_bytes, memory_kind, oom (any), n_oom, oom_rate (n_oom / (n + n_oom)), native_window (the
   model's window for YaRN; null: niah.native_window not given), prompts (project | oneruler), chat_template
-  (applied), yarn_factor (applied to the cell; null = native RoPE)
-`--examples`, one row per example: model, pair, role, prompts, chat_template, yarn_factor, native_window, lang,
+  (applied), yarn_factor (applied to the cell; null = native RoPE), memory_cap_gib (the CUDA memory cap
+  applied, GiB; null: none)
+`--examples`, one row per example: model, pair, role, prompts, chat_template, yarn_factor, native_window,
+  memory_cap_gib, lang,
   task, target_tokens, context_tokens (actual), depth, prediction, score, correct (prediction, score and correct
   null on an OOM), oom, skipped, seconds, peak_memory_bytes, memory_kind
 """
@@ -19,7 +21,8 @@ import _common
 PARAMS = """--params keys: models (hybridlab.eval.pairs.analysis_models: distilled, hub_pairs), dtype, seed,
 niah: languages, tasks, context_tokens, examples_per_cell, answer_slack_tokens, prompts (project | oneruler,
   default project), oneruler_dir (with prompts: oneruler), chat_template (default false), yarn_factor (optional),
-  native_window (optional {model name: tokens}: YaRN only in cells longer than the model's window)"""
+  native_window (optional {model name: tokens}: YaRN only in cells longer than the model's window),
+  memory_cap_gib (optional: CUDA memory cap in GiB)"""
 
 
 def main() -> None:

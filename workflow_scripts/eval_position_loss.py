@@ -1,7 +1,8 @@
 """Per-position loss and LongPPL of every BLD natural-language arm on long held-out English documents.
 
 Windows of `doc_len` tokens inside single documents (`position_loss.documents`: kjv_books | pg19 |
-mixture_val); LongPPL's key tokens come from ONE evaluator arm for every arm. Definitions:
+mixture_val); LongPPL's key tokens come from ONE evaluator for every arm: an arm, or the external model
+of --evaluator-model (a teacher with the BLD-NL tokenizer). Definitions:
 `hybridlab.eval.position_loss` (`position_loss_tables`). Writes
 - --out      (position_loss.parquet): model, mixer, size, variant, bucket_lo, bucket_hi, n_tokens, mean_loss,
              mean_loss_lo, mean_loss_hi (bootstrap over the windows), n_docs, n_boot
@@ -16,7 +17,8 @@ from pathlib import Path
 import _common
 
 PARAMS = """--params keys: seed, dtype (default float32), device (default cpu), position_loss: documents
-(kjv_books | pg19 | mixture_val), n_docs, doc_len, evaluator (an arm's directory name), short_window,
+(kjv_books | pg19 | mixture_val), n_docs, doc_len, evaluator (an arm's directory name, or the name of the
+--evaluator-model), short_window,
 short_stride, threshold, min_long_logprob (optional), scheme (log2 | fixed), width (fixed), batch_size,
 pg19_split (default test)"""
 
@@ -26,6 +28,8 @@ def main() -> None:
     p.add_argument("--models", type=Path, nargs="+", required=True, help="arm directories (save_hybrid layout)")
     p.add_argument("--mixture", type=Path, required=True, help="packed English mixture directory (mixture_val)")
     p.add_argument("--tokenizer", type=Path, required=True, help="BLD-NL tokenizer directory (kjv_books, pg19)")
+    p.add_argument("--evaluator-model", type=Path, default=None,
+                   help="directory of an external evaluator model (default: the arm named by position_loss.evaluator)")
     p.add_argument("--pg19-local", default="", help="local PG-19 copy (data/<split>-*.parquet); '' = hub/cache")
     p.add_argument("--out", type=Path, required=True, help="per-bucket table (parquet)")
     p.add_argument("--summary", type=Path, required=True, help="per-model table (parquet)")
@@ -37,7 +41,8 @@ def main() -> None:
     from hybridlab.eval.position_loss import position_loss_tables
 
     buckets, summary = position_loss_tables(args.models, params, mixture=args.mixture, tokenizer=args.tokenizer,
-                                            pg19_local=args.pg19_local or None)
+                                            pg19_local=args.pg19_local or None,
+                                            evaluator_model=args.evaluator_model)
     _common.write_parquet(buckets, args.out)
     _common.write_parquet(summary, args.summary)
 

@@ -575,6 +575,9 @@ class Niah:
         "the cells longer than its window (a distilled student without an entry takes its teacher's; a model "
         "in neither: its config's max_position_embeddings). null: yarn_factor applies to every cell over the "
         "config's max_position_embeddings")
+    memory_cap_gib: PosFloat | None = opt(
+        None, "CUDA memory each NIAH job may allocate, in GiB (a smaller GPU's memory, to reproduce its OOM cells on a "
+        "larger one; the cap applied is min(this, the GPU's) and is recorded per row); null: the whole GPU")
 
 
 @dataclass(kw_only=True)
@@ -619,7 +622,8 @@ class PositionLoss:
     batch_size: PosInt = req("windows per batch")
     documents: Literal["kjv_books", "pg19", "mixture_val"] = req("where the windows are cut from")
     pg19_split: Literal["train", "validation", "test"] = opt("test", "PG-19 split (documents: pg19)")
-    evaluator: Name = req("the arm whose key tokens every arm is scored on")
+    evaluator: Name = req("whose key tokens every arm is scored on: an arm, or a teacher (models.teachers) with the "
+                          "BLD-NL tokenizer")
 
 
 @dataclass(kw_only=True)

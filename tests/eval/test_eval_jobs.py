@@ -304,6 +304,41 @@ def test_position_loss_tables_evaluator_must_be_an_arm(tiny):
         position_loss_tables(tiny["arms"], _position_params("nope"), mixture=tiny["mixtures"]["english"], log=_silent)
 
 
+def test_position_loss_tables_with_an_external_evaluator(tiny, tmp_path):
+    """The key tokens come from the external model (the teacher, same tokenizer), not from an arm."""
+    from hybridlab.eval.position_loss import document_windows, key_tokens, position_loss_documents, position_loss_tables
+
+    params = _position_params("toy/teacher")
+    _, summary = position_loss_tables(tiny["arms"], params, mixture=tiny["mixtures"]["english"],
+                                      evaluator_model=str(tiny["teacher_dir"]), log=_silent)
+    c = params["position_loss"]
+    windows, _ = document_windows(position_loss_documents(c, mixture=tiny["mixtures"]["english"]), c["doc_len"],
+                                  c["n_docs"])
+    opts = dict(short_window=4, short_stride=2, threshold=0.0, batch_size=2)
+    teacher = Qwen3ForCausalLM.from_pretrained(tiny["teacher_dir"]).eval()
+    keys = key_tokens(teacher, windows, **opts)
+    assert set(summary["evaluator"]) == {"toy/teacher"}
+    assert summary["n_key_tokens"].to_list() == [keys.n_key_tokens] * 2 and keys.n_key_tokens > 0
+    from hybridlab.models.registry import load_causal_lm
+
+    for arm, lp in zip(tiny["arms"], summary["long_ppl"].to_list()):
+        with torch.no_grad():
+            logits = load_causal_lm(arm, dtype="float32", device_map="cpu")(input_ids=windows).logits
+        nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).double(), windows[:, 1:].flatten(),
+                                                reduction="none").view(windows.shape[0], -1)
+        assert lp == pytest.approx(math.exp(float(nll[keys.mask].mean())), rel=1e-4)
+    # an arm as evaluator finds other key tokens on the same windows
+    arm_keys = key_tokens(load_causal_lm(tiny["arms"][1], dtype="float32", device_map="cpu"), windows, **opts)
+    assert not torch.equal(arm_keys.mask, keys.mask)
+    # an evaluator that cannot embed the windows' token ids (another tokenizer) is one line
+    small = Qwen3ForCausalLM(Qwen3Config(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=1, num_key_value_heads=1, head_dim=16))
+    small.save_pretrained(tmp_path / "small")
+    with pytest.raises(HybridlabError, match="has 8 token embeddings"):
+        position_loss_tables(tiny["arms"], params, mixture=tiny["mixtures"]["english"],
+                             evaluator_model=str(tmp_path / "small"), log=_silent)
+
+
 def test_arm_columns_read_hybrid_json(tiny):
     from hybridlab.eval.pairs import arm_columns
 

@@ -351,7 +351,9 @@ def test_niah_tables_count_oom_apart_and_record_the_window_and_factor(monkeypatc
     # the student takes its teacher's window; the Oracle has no RoPE to scale
     assert by["t/sp-gdn", 150]["native_window"] == 200 and by["t/sp-gdn", 150]["yarn_factor"] is None
     assert by["t/sp-gdn", 300]["yarn_factor"] == 2.0 and by["t", 300]["yarn_factor"] is None
-    assert summary.columns[-6:] == ["n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor"]
+    assert summary.columns[-7:] == ["n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor",
+                                    "memory_cap_gib"]
+    assert summary["memory_cap_gib"].is_null().all()  # CPU: no cap applied
     assert examples.columns[:7] == ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
     assert examples.filter(pl.col("oom"))["correct"].null_count() == 2
 
@@ -417,3 +419,21 @@ def test_a_rerun_reuses_the_tasks_a_killed_job_finished(monkeypatch, tmp_path):
     assert again.drop("seconds", "peak_memory_bytes").equals(first.drop("seconds", "peak_memory_bytes"))
     with pytest.raises(HybridlabError, match="'nope' is not among the analysis models"):
         niah.niah_model_examples(mono, params, "nope", device="cpu", log=lambda *_: None)
+
+
+def test_memory_cap_sets_the_cuda_fraction_and_records_the_cap(monkeypatch):
+    """cap / device memory goes to set_per_process_memory_fraction; a cap above the device is the device's."""
+    from types import SimpleNamespace
+
+    from hybridlab.eval.niah import apply_memory_cap
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(total_memory=160 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, dev: calls.append((f, dev.type)))
+    assert apply_memory_cap(40.0, "cuda:0") == pytest.approx(40.0)
+    assert apply_memory_cap(200.0, "cuda:0") == pytest.approx(160.0)
+    assert calls == [(0.25, "cuda"), (1.0, "cuda")]
+    assert apply_memory_cap(None, "cuda:0") is None and apply_memory_cap(40.0, "cpu") is None
+    assert len(calls) == 2  # neither touches the allocator
+    with pytest.raises(HybridlabError, match="memory_cap_gib must be > 0"):
+        apply_memory_cap(0.0, "cuda:0")

@@ -39,6 +39,11 @@ taken over the completed examples, and the OOM rate is reported beside it. Memor
 continues; longer examples are then recorded as oom without running (`skipped=True`) unless
 `skip_longer_after_oom=False`.
 
+Memory cap (`memory_cap_gib`, `apply_memory_cap`): on CUDA the process may allocate at most that many GiB
+(`torch.cuda.set_per_process_memory_fraction`; the caching allocator raises an out-of-memory error beyond
+it), so the OOM cells and the memory-bound runtime of a smaller GPU are reproduced on a larger one. The cap
+applied, min(cap, the device's memory), is recorded per row (`memory_cap_gib`; null: none, or not on CUDA).
+
 YaRN: `run_niah(..., yarn_factor=F, native_window=W)` switches the model's RoPE to YaRN with factor F over
 the original window W only for examples whose cell length (`target_tokens`) exceeds W, and back to the
 native RoPE for the others (the answer's few generated tokens are not counted); W = None scales every
@@ -258,6 +263,25 @@ def score_prediction(prediction: str, answers: Sequence[str], task: str, none_wo
     return found / len(answers), found == len(answers)
 
 
+GIB = 2 ** 30
+
+
+def apply_memory_cap(cap_gib: float | None, device: str | torch.device) -> float | None:
+    """Limit this process's CUDA allocations on `device` to `cap_gib` GiB (module docstring); returns the cap
+    applied in GiB, min(cap, the device's memory), or None when no cap is set or the device is not CUDA."""
+    if cap_gib is None:
+        return None
+    if cap_gib <= 0:
+        raise HybridlabError(f"niah.memory_cap_gib must be > 0 GiB, got {cap_gib}; give a positive size or null")
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(dev).total_memory
+    fraction = min(1.0, cap_gib * GIB / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    return fraction * total / GIB
+
+
 def _peak_memory_start(dev: torch.device) -> str:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -436,7 +460,7 @@ def answer_budgets(tokenizer: Any, examples: Sequence[NiahExample], slack: int) 
     return out
 
 
-NIAH_SETTINGS = ("native_window", "prompts", "chat_template", "yarn_factor")
+NIAH_SETTINGS = ("native_window", "prompts", "chat_template", "yarn_factor", "memory_cap_gib")
 
 
 def native_window_of(m: Any, model: nn.Module, windows: dict[str, int] | None) -> int | None:
@@ -491,7 +515,7 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
     keyword arguments: the pairs `model` belongs to), `dtype`, `seed` and `niah` = {languages, tasks,
     context_tokens, examples_per_cell, answer_slack_tokens, optional prompts (project | oneruler, default
     project), oneruler_dir (with oneruler), chat_template (default false), yarn_factor (default none),
-    native_window (default none)}.
+    native_window (default none), memory_cap_gib (default none: `apply_memory_cap`)}.
 
     Haystacks are each language's documents in a seeded order split into sentences
     (`pairs.haystack_sentences`), or OneRULER's books; examples are built per tokenizer with the seed
@@ -527,11 +551,15 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
     log(f"niah {model}: {cfg['tasks']} x {cfg['context_tokens']} tokens x {cfg['examples_per_cell']} per cell, "
         f"languages {cfg['languages']}, device {device}")
     t0 = time.perf_counter()
+    cap = apply_memory_cap(cfg.get("memory_cap_gib"), device)
+    if cap is not None:
+        log(f"  CUDA allocations capped at {cap:.1f} GiB (niah.memory_cap_gib {cfg['memory_cap_gib']})")
     lm, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
     native = native_window_of(m, lm, windows) if yarn is not None else None
     settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
-                             "native_window": [native]},
-                            schema={"prompts": pl.String, "chat_template": pl.Boolean, "native_window": pl.Int64})
+                             "native_window": [native], "memory_cap_gib": [cap]},
+                            schema={"prompts": pl.String, "chat_template": pl.Boolean, "native_window": pl.Int64,
+                                    "memory_cap_gib": pl.Float64})
     suites = {} if suites is None else suites
     if m.tokenizer not in suites:
         suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
@@ -557,7 +585,7 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
         f"{rows['correct'].mean() or 0.0:.3f}, native window {native}, {time.perf_counter() - t0:.1f}s")
     examples = (pl.DataFrame(pairs.pair_rows(m)).join(settings, how="cross").join(rows, how="cross")
                 .sort("model", "pair", "lang", "task", "target_tokens", "depth", maintain_order=True))
-    head = ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window"]
+    head = ["model", "pair", "role", "prompts", "chat_template", "yarn_factor", "native_window", "memory_cap_gib"]
     return examples.select(head + [c for c in examples.columns if c not in head])
 
 
@@ -565,7 +593,8 @@ def niah_summary(examples: pl.DataFrame, log=print) -> pl.DataFrame:
     """One row per (model, pair, lang, task, context_tokens) of the per-example rows of every model: n
     (completed examples), accuracy and score over them (an OOM is not a wrong answer), mean_prompt_tokens,
     seconds, peak_memory_bytes, memory_kind, oom (any), n_oom, oom_rate = n_oom / (n + n_oom), then the
-    settings columns native_window (null: not given), prompts, chat_template, yarn_factor (applied)."""
+    settings columns native_window (null: not given), prompts, chat_template, yarn_factor (applied),
+    memory_cap_gib (applied)."""
     examples = examples.sort("model", "pair", "lang", "task", "target_tokens", "depth", maintain_order=True)
     summary = (examples.group_by("model", "pair", "role", "lang", "task", "target_tokens", *NIAH_SETTINGS)
                .agg(*_completed_aggs(), pl.col("context_tokens").mean().alias("mean_prompt_tokens"),

@@ -21,8 +21,9 @@ from its t preceding tokens, so t is also the context length):
 - LongPPL = exp(mean l_long of the EVALUATED model over key tokens), None when there are no key tokens.
   As in the paper's reference, the key tokens come from ONE fixed evaluator model (`key_tokens`), so
   every arm is scored on the same tokens: l_long and l_short above are the evaluator's. The pipeline
-  uses one configured arm (`position_loss.evaluator`) for all arms and records it and the key-token
-  count. Variant (only when neither `key_mask` nor `evaluator` is passed to `run_position_loss`): the
+  uses one configured evaluator (`position_loss.evaluator`) for all arms and records it and the key-token
+  count: one of the arms, or an external model with the arms' tokenizer (a teacher of the DAG, e.g.
+  Qwen3-4B at paper, whose tokenizer BLD-NL uses). Variant (only when neither `key_mask` nor `evaluator` is passed to `run_position_loss`): the
   evaluated model picks its own key tokens, so arms are scored on different token sets.
 
 Documents and windows (`document_windows`): a window of `doc_len` tokens is cut only from inside ONE
@@ -354,18 +355,30 @@ def position_loss_documents(cfg: dict, *, mixture: str | None = None, tokenizer:
     return [np.asarray(doc, dtype=np.int64) for doc in ids]
 
 
+def check_evaluator_vocab(evaluator: nn.Module, windows: torch.Tensor, name: str) -> None:
+    """An external evaluator must embed every token id of the windows (it has to share the arms' tokenizer)."""
+    n_vocab = evaluator.get_input_embeddings().num_embeddings
+    top = int(windows.max())
+    if top >= n_vocab:
+        raise HybridlabError(f"position_loss.evaluator {name!r} has {n_vocab} token embeddings but the windows hold "
+                             f"token id {top}; name an evaluator that uses the BLD-NL tokenizer")
+
+
 def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None = None,
-                         tokenizer: str | None = None, pg19_local: str | None = None, log=print
+                         tokenizer: str | None = None, pg19_local: str | None = None,
+                         evaluator_model: str | None = None, log=print
                          ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per-bucket table, per-model summary) of every BLD natural-language arm directory in `models` (the
     eval_position_loss rule; workflow_scripts/eval_position_loss.py).
 
     `params`: `seed`, optional `dtype` (default float32) and `device` (default cpu), and `position_loss` =
     {documents (kjv_books | pg19 | mixture_val: `position_loss_documents`), n_docs, doc_len, evaluator (the
-    name of one arm directory), short_window, short_stride, threshold, optional min_long_logprob, scheme,
+    name of one arm directory, or with `evaluator_model` the external model's name), short_window, short_stride, threshold, optional min_long_logprob, scheme,
     optional width, batch_size, optional pg19_split}. Windows of `doc_len` tokens lie inside one document
     each (`document_windows`), the first `n_docs` are scored; the key tokens of LongPPL come from the
-    evaluator arm for every arm (`key_tokens`), so all arms are scored on the same tokens.
+    evaluator for every arm (`key_tokens`), so all arms are scored on the same tokens. `evaluator_model`: the
+    directory of an external evaluator (a model outside the arms with the BLD-NL tokenizer, loaded like an
+    arm: `load_causal_lm`); without it the evaluator is the arm directory named `evaluator`.
 
     Buckets: one row per arm x bucket in BUCKET_COLUMNS (arm columns from `pairs.arm_columns`), with
     mean_loss_lo, mean_loss_hi (95 % percentile bootstrap over the n_docs windows of the bucket's token mean,
@@ -384,9 +397,10 @@ def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None 
     c = params["position_loss"]
     models = [str(d) for d in models]
     names = [Path(d).name for d in models]
-    if c["evaluator"] not in names:
+    if evaluator_model is None and c["evaluator"] not in names:
         raise HybridlabError(f"position_loss.evaluator {c['evaluator']!r} is not one of the arms ({', '.join(names)}); "
-                             "set it to the arm whose key tokens score every arm")
+                             "set it to the arm whose key tokens score every arm, or to a teacher with the BLD-NL "
+                             "tokenizer")
     docs = position_loss_documents(c, mixture=mixture, tokenizer=tokenizer, pg19_local=pg19_local)
     windows, n_short = document_windows(docs, c["doc_len"], c["n_docs"])
     log(f"{windows.shape[0]} windows of {c['doc_len']} tokens inside single documents ({c['documents']}: "
@@ -397,10 +411,15 @@ def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None 
 
     opts = dict(short_window=c["short_window"], short_stride=c["short_stride"], threshold=c["threshold"],
                 min_long_logprob=c.get("min_long_logprob"), batch_size=c["batch_size"])
-    evaluator = load(models[names.index(c["evaluator"])])
+    if evaluator_model is not None:
+        evaluator = load(str(evaluator_model))
+        check_evaluator_vocab(evaluator, windows, c["evaluator"])
+    else:
+        evaluator = load(models[names.index(c["evaluator"])])
     keys = key_tokens(evaluator, windows, **opts)
     del evaluator
-    log(f"evaluator {c['evaluator']}: {keys.n_key_tokens} key tokens of {keys.mask.numel()}")
+    kind = "external model" if evaluator_model is not None else "arm"
+    log(f"evaluator {c['evaluator']} ({kind}): {keys.n_key_tokens} key tokens of {keys.mask.numel()}")
 
     buckets, summary = [], []
     for model_dir, name in zip(models, names):
