@@ -228,6 +228,23 @@ def test_save_load_roundtrip_is_exact(tmp_path, kind):
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # tie kept
 
 
+def test_a_skeleton_has_the_hybrids_parameters_on_meta_and_its_real_buffers(tmp_path):
+    """What sharded ranks other than 0 pass to the training engine: no weights read, nothing allocated."""
+    from hybridlab.train.fsdp import params_on_meta
+
+    hybrid = convert_to_hybrid(_teacher("qwen3"), [0, 2], "gdn", seed=3)
+    save_hybrid(hybrid, tmp_path / "h")
+    (tmp_path / "h" / "model.safetensors").write_bytes(b"not read")
+    with params_on_meta():
+        skeleton = load_hybrid(tmp_path / "h", dtype=torch.float32, weights=False)
+    assert {p.device.type for p in skeleton.parameters()} == {"meta"}
+    assert {(n, p.shape) for n, p in skeleton.named_parameters()} == {(n, p.shape) for n, p in hybrid.named_parameters()}
+    buffers = dict(hybrid.named_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in skeleton.named_buffers())
+    assert skeleton.lm_head.weight is skeleton.model.embed_tokens.weight  # the tie, on meta
+    assert next(torch.nn.Linear(2, 2).parameters()).device.type == "cpu"  # the patch ends with the block
+
+
 def test_load_rejects_corrupt_and_incompatible_directories(tmp_path):
     hybrid = convert_to_hybrid(_teacher("qwen3"), [1], "gdn")
     good = save_hybrid(hybrid, tmp_path / "good")

@@ -3,7 +3,8 @@
 Usage: fsdp_worker.py OUT_ROOT [--kill-at STEP] SCENARIO... Runs the scenarios one after the other in
 this process (one launch, many runs: process start-up dominates at these sizes) into OUT_ROOT/<scenario>.
 Writes OUT_ROOT/<scenario>/final.pt (rank 0): the caller's model state after `train` returns (the
-engine gathers the trained weights back into it).
+engine gathers the trained weights back into rank 0's model), and OUT_ROOT/<scenario>/devices_rank<r>.txt:
+the devices of every other rank's caller parameters after `train` returns.
 """
 
 import os
@@ -16,7 +17,7 @@ from hybridlab.models.convert import convert_to_hybrid
 from hybridlab.train import distill
 from hybridlab.train.config import TrainConfig
 from hybridlab.train.distributed import init_distributed
-from hybridlab.train.fsdp import Frozen
+from hybridlab.train.fsdp import Frozen, params_on_meta
 from hybridlab.train.freeze import FreezeSchedule
 from hybridlab.train.loop import train
 from hybridlab.train.tasks import CausalLMTask
@@ -34,6 +35,25 @@ def qwen(seed=0, layers=2):
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
                       max_position_embeddings=T)
     return Qwen3ForCausalLM(cfg)
+
+
+class BF16Weights:
+    """The unsharded reference of FSDP2's bf16 mixed precision: the task runs on bf16 casts of the fp32
+    weights (tied weights share one cast, as FSDP's one gathered parameter), so every gradient is the
+    bf16 gradient cast to fp32 and accumulates into the fp32 weights in fp32."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def loss(self, model, batch):
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        casts = {n: p.to(torch.bfloat16) for n, p in model.named_parameters()}
+        with _reparametrize_module(model, casts, tie_weights=True):
+            return self.task.loss(model, batch)
+
+    def num_tokens(self, batch):
+        return self.task.num_tokens(batch)
 
 
 class _Rows(list):
@@ -63,6 +83,15 @@ def run(scenario, out, kill_at):
         hooks.append(FreezeSchedule(r"\.mlp\.", [(0, 2)]))
     elif scenario == "bf16":
         base.update(precision="bf16")
+    elif scenario == "bf16_ref":  # one unsharded process computing with bf16 weights (see BF16Weights)
+        base.update(precision="bf16", activation_checkpointing=False)  # a recompute would see the fp32 weights
+        task = BF16Weights(task)
+    elif scenario == "bf16_shard":  # FSDP2 with bf16 parameters in every launch (a group of one in 1 process);
+        # ranks other than 0 pass a skeleton (parameters on meta); the end's checkpoint holds only weights
+        base.update(precision="bf16", fsdp="always", final_checkpoint="weights", activation_checkpointing=False)
+        if int(os.environ.get("RANK", "0")) != 0:
+            with params_on_meta():
+                model = qwen()
     elif scenario in ("stage1", "stage2", "stage2_shard", "stage2_docs"):  # distillation of a converted GDN hybrid
         teacher = distill.freeze(qwen(seed=5))
         if scenario == "stage2_shard":  # the frozen teacher FSDP-sharded too (replicated on 1 process)
@@ -94,8 +123,12 @@ def run(scenario, out, kill_at):
         hooks.append(killer)
     base.update(eval_every=2)  # evaluation between updates runs through the FSDP root too
     train(model, task, data, TrainConfig(**base), on_step_start=hooks, eval_fn=evaluate)
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.path.join(out, "final.pt"))
+    else:
+        with open(os.path.join(out, f"devices_rank{rank}.txt"), "w") as f:
+            f.write(" ".join(sorted({p.device.type for p in model.parameters()})))
 
 
 def main():

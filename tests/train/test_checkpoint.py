@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
 
@@ -68,6 +69,25 @@ def test_checkpoint_contents_and_keep_last_k(tmp_path):
     assert set(state["optim_held"]) == {"embed.weight", "head.weight", "head.bias"}
     assert state["optim_held"]["head.weight"]["exp_avg"] == ([V, 4], "float32", True)
     assert (res.checkpoint / ".metadata").is_file() and (res.checkpoint / SHARDS).stat().st_size > 0
+
+
+def test_a_weights_only_final_checkpoint_drops_the_optimiser_and_a_rerun_only_publishes(tmp_path):
+    res = go(tmp_path, ckpt_every=2, keep_last_k=1, final_checkpoint="weights")
+    assert [s for s, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [4]
+    state = torch.load(res.checkpoint / STATE_FILE, weights_only=True)
+    assert state["weights_only"] is True and state["optim_held"] == {}
+    stored = dcp.FileSystemReader(str(res.checkpoint)).read_metadata().state_dict_metadata
+    assert sorted(stored) == ["model.embed.weight", "model.head.bias", "model.head.weight"]
+    full = go(tmp_path / "full", ckpt_every=2, keep_last_k=1)  # the same run with the optimiser state kept
+    assert (res.checkpoint / SHARDS).stat().st_size < 0.5 * (full.checkpoint / SHARDS).stat().st_size
+    # A rerun resumes at the end (no update) and hands back the trained weights.
+    trained = Tiny()
+    again = go(tmp_path, model=trained, ckpt_every=2, keep_last_k=1, final_checkpoint="weights")
+    assert again.step == 4 and again.tokens == res.tokens
+    m = Tiny()
+    go(tmp_path / "plain", model=m, ckpt_every=2, keep_last_k=1)
+    for a, b in zip(trained.parameters(), m.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_temp_dirs_are_ignored_and_latest_is_by_step(tmp_path):

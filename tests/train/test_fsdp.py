@@ -3,9 +3,12 @@
 Each scenario of tests/train/fsdp_worker.py runs once in 1 process and once in 2; the sharded run must
 reproduce the single-process loss curve and final weights (fp32 reduction order differs, so within
 a tolerance), freeze schedules must move exactly the selected parameters, the AdamW -> Muon switch
-must work on shards, and a DCP checkpoint written by 2 processes must resume at 2 and at 1.
+must work on shards, and a DCP checkpoint written by 2 processes must resume at 2 and at 1. With bf16
+parameters (FSDP2's MixedPrecisionPolicy on gloo, at 1 process in a group of one and at 2) the run must give
+the unsharded reference's weights, and resume from its DCP checkpoint.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -30,7 +33,7 @@ def _env():
     return env
 
 
-SCENARIOS = ["lm", "bf16", "stage1", "stage2", "stage2_shard", "stage2_docs", "switch", "freeze"]
+SCENARIOS = ["lm", "bf16_shard", "stage1", "stage2", "stage2_shard", "stage2_docs", "switch", "freeze"]
 
 
 def launch(nproc, root, *scenarios, kill_at=None, ok=True):
@@ -46,9 +49,16 @@ def launch(nproc, root, *scenarios, kill_at=None, ok=True):
 def runs(tmp_path_factory):
     """scenario -> (1-process dir, 2-process dir); all scenarios run in one launch per process count."""
     root = tmp_path_factory.mktemp("fsdp")
-    launch(1, root / "one", *SCENARIOS)
+    launch(1, root / "one", *SCENARIOS, "bf16_ref")
     launch(2, root / "two", *SCENARIOS)
     return lambda scenario: (root / "one" / scenario, root / "two" / scenario)
+
+
+def _worker():
+    spec = importlib.util.spec_from_file_location("fsdp_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def losses(d):
@@ -69,12 +79,14 @@ def test_launcher_is_plain_python_for_one_process_and_torchrun_for_more():
     assert launch_prefix(4, python="py") == "py -m torch.distributed.run --standalone --nproc_per_node 4"
 
 
-# Weight tolerances. fp32: the runs differ only in the order of fp32 gradient sums. bf16 (autocast): a weight
-# that differs by one fp32 ulp can round to another bf16 value in the next forward, so later gradients differ
+# Weight tolerances. fp32: the runs differ only in the order of fp32 gradient sums. bf16: a weight that
+# differs by one fp32 ulp can round to another bf16 value in the next forward, so later gradients differ
 # at bf16's relative precision (2^-8) and AdamW turns that into up to lr x 2^-8 per update: 4 updates at
-# lr 1e-2 bound it by 1.6e-4 (measured 1.7e-5 on an AVX512-BF16 Xeon, where bf16 GEMMs take native kernels;
-# below 1e-5 on AVX2 CPUs). Muon: see below.
-@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16", 2e-4), ("stage1", 1e-5), ("stage2", 1e-5),
+# lr 1e-2 bound it by 1.6e-4 (the runs with bf16 parameters agree bitwise on an AVX2 CPU). Muon: see below.
+BF16_TOL = 2e-4
+
+
+@pytest.mark.parametrize("scenario, tol", [("lm", 1e-5), ("bf16_shard", BF16_TOL), ("stage1", 1e-5), ("stage2", 1e-5),
                                            ("stage2_shard", 1e-5), ("stage2_docs", 1e-5), ("switch", 1e-3)])
 def test_two_processes_match_one(runs, scenario, tol):
     one, two = runs(scenario)
@@ -89,6 +101,33 @@ def test_two_processes_match_one(runs, scenario, tol):
     # Checkpoints are DCP shards: one data file per rank.
     ckpt = list_checkpoints(two / "checkpoints")[-1][1]
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_bf16_parameters_sharded_give_the_unsharded_runs_weights(runs):
+    """bf16_shard: FSDP2 with MixedPrecisionPolicy(bf16 parameters, fp32 reduction) in a group of one and over
+    2 gloo processes; bf16_ref: one unsharded process whose task runs on bf16 casts of the fp32 weights."""
+    ref = runs("bf16_ref")[0]
+    for d in runs("bf16_shard"):
+        assert losses(d) == pytest.approx(losses(ref), rel=1e-5)
+        assert max_diff(final(d), final(ref)) < BF16_TOL
+    assert max_diff(final(ref), _worker().qwen().state_dict()) > 1e-3  # 4 updates moved the weights past the bound
+    # rank 1 passed a skeleton (parameters on meta) and got no gathered weights back
+    assert (runs("bf16_shard")[1] / "devices_rank1.txt").read_text() == "meta"
+    # the end's checkpoint holds the weights only; the one before it the optimiser state too
+    two = runs("bf16_shard")[1] / "checkpoints"
+    keys = {s: set(dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata) for s, p in list_checkpoints(two)}
+    assert any(k.startswith("optim.") for k in keys[2]) and not any(k.startswith("optim.") for k in keys[4])
+    assert {k for k in keys[4] if k.startswith("model.")} == {k for k in keys[2] if k.startswith("model.")}
+
+
+def test_bf16_sharded_run_resumes_from_its_dcp_checkpoint_at_another_world_size(runs, tmp_path):
+    """Killed after the step-2 checkpoint of a 1-process bf16 FSDP run; 2 processes finish it."""
+    full = runs("bf16_shard")[0]
+    launch(1, tmp_path, "bf16_shard", kill_at=3, ok=False)
+    assert [s for s, _ in list_checkpoints(tmp_path / "bf16_shard" / "checkpoints")] == [2]
+    launch(2, tmp_path, "bf16_shard")
+    assert losses(tmp_path / "bf16_shard") == pytest.approx(losses(full), rel=1e-5)
+    assert max_diff(final(tmp_path / "bf16_shard"), final(full)) < BF16_TOL
 
 
 def test_document_masked_distillation_trains_on_its_own_context(runs):

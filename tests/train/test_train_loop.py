@@ -90,6 +90,13 @@ def test_config_validation_names_every_bad_field_in_one_line(tmp_path):
     assert any(p.startswith("lr=-1.0") for p in parts)
     assert any(p.startswith("schedule='step'") for p in parts)
     assert any(p.startswith("optimizer='sgd'") for p in parts)
+    with pytest.raises(HybridlabError) as e:
+        TrainConfig(out_dir="x", steps=1, fsdp="yes", final_checkpoint="none")
+    assert "fsdp='yes': must be one of ('auto', 'always')" in str(e.value)
+    assert "final_checkpoint='none': must be one of ('full', 'weights')" in str(e.value)
+    # where checkpoints go and how the work is laid out do not change the trajectory: not in the hash
+    assert TrainConfig(out_dir="x", steps=1, fsdp="always", final_checkpoint="weights").config_hash() == \
+        TrainConfig(out_dir="x", steps=1).config_hash()
     with pytest.raises(HybridlabError, match="exactly one"):
         TrainConfig(out_dir="x")
     with pytest.raises(HybridlabError, match="unknown TrainConfig keys"):

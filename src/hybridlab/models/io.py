@@ -155,8 +155,13 @@ def verify_hybrid(path) -> dict:
     return record
 
 
-def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
-    """Rebuild a hybrid saved by save_hybrid, in eval mode; `dtype`/`device` default to the saved dtype and CPU."""
+def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                weights: bool = True):
+    """Rebuild a hybrid saved by save_hybrid, in eval mode; `dtype`/`device` default to the saved dtype and CPU.
+
+    `weights=False` builds the structure only (no weights file is read): with `train.fsdp.params_on_meta`, the
+    skeleton sharded ranks other than 0 pass to the training engine.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -165,7 +170,13 @@ def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.d
     from hybridlab.models.convert import HybridSpec, apply_hybrid_structure
 
     directory = Path(path)
-    record = verify_hybrid(directory)
+    if weights:
+        record = verify_hybrid(directory)
+    else:  # the files it reads (the weights are checked where they are read)
+        record = read_spec(directory)
+        listed = record.get("files", {})
+        verify_digests(directory, {f: d for f, d in listed.items() if f != WEIGHTS_FILE}, _fix(directory),
+                       what="hybrid file")
     try:
         config = AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
@@ -195,6 +206,8 @@ def load_hybrid(path, *, dtype: torch.dtype | None = None, device: str | torch.d
         raise HybridlabError(
             f"'{directory / SPEC_FILE}' has an incompatible mixer_config ({_first_line(exc)}); {_fix(directory)}"
         ) from exc
+    if not weights:
+        return (model.to(device=device, dtype=dtype) if dtype is not None or device is not None else model).eval()
     try:
         missing, unexpected = load_model(model, str(directory / WEIGHTS_FILE), strict=False)
     except (SafetensorError, RuntimeError, OSError) as exc:

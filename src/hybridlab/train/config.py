@@ -11,8 +11,8 @@ Definitions (used by every trainer: pre-training, distillation, BLD):
 - Training length is either `steps` or a `token_budget` (with `seq_len`):
   `steps = ceil(token_budget / (micro_batch_size * grad_accum * seq_len))`.
 - `config_hash()` covers every field that changes the training trajectory; fields that only say
-  where/how often to write (out_dir, log/eval/ckpt cadence, keep_last_k, progress, device) are
-  excluded so a run can be resumed with a different cadence or on another machine.
+  where/how often to write (out_dir, log/eval/ckpt cadence, keep_last_k, final_checkpoint, progress,
+  device) and how the work is laid out (activation_checkpointing, fsdp) are excluded so a run can be resumed with a different cadence or on another machine.
 
 Validation collects every bad field and raises one `HybridlabError` with one line per field.
 """
@@ -33,12 +33,14 @@ SCHEDULES = ("cosine", "constant", "linear")
 OPTIMIZERS = ("adamw", "muon")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+FSDP = ("auto", "always")
+FINAL_CHECKPOINTS = ("full", "weights")
 MUON_ADJUST_LR = ("original", "match_rms_adamw")
 
 # Fields that do not change the trajectory of the weights (see module docstring).
 _NOT_HASHED = frozenset(
-    {"out_dir", "log_every", "eval_every", "ckpt_every", "keep_last_k", "progress", "device",
-     "activation_checkpointing"}
+    {"out_dir", "log_every", "eval_every", "ckpt_every", "keep_last_k", "final_checkpoint", "progress", "device",
+     "activation_checkpointing", "fsdp"}
 )
 
 
@@ -79,11 +81,17 @@ class TrainConfig:
     eval_every: int | None = None
     ckpt_every: int | None = None
     keep_last_k: int = 2
+    # The checkpoint written after the last update: "full" (weights + optimiser state, like every other) or
+    # "weights" (the model only: nothing is left to resume but publishing, so the optimiser state is dropped).
+    final_checkpoint: str = "full"
     precision: str = "auto"
     device: str = "auto"
     progress: bool = True
     # Recompute each decoder layer in backward (memory for compute; the trajectory is unchanged).
     activation_checkpointing: bool = False
+    # FSDP2 sharding: "auto" under torchrun with several processes; "always" in one process too (a group of
+    # one: the multi-GPU code path, bf16 parameters under precision bf16, on one device).
+    fsdp: str = "auto"
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # YAML gives lists
@@ -211,6 +219,10 @@ def _problems(c: TrainConfig) -> list[str]:
     pos_int("eval_every", allow_none=True)
     pos_int("ckpt_every", allow_none=True)
     pos_int("keep_last_k")
+    if c.final_checkpoint not in FINAL_CHECKPOINTS:
+        p.append(f"final_checkpoint={c.final_checkpoint!r}: must be one of {FINAL_CHECKPOINTS}")
+    if c.fsdp not in FSDP:
+        p.append(f"fsdp={c.fsdp!r}: must be one of {FSDP}")
     if c.precision not in PRECISIONS:
         p.append(f"precision={c.precision!r}: must be one of {PRECISIONS}")
     if c.device not in DEVICES:

@@ -1,7 +1,9 @@
 """The process group under `torchrun` (env:// rendezvous; gloo on CPU, nccl on CUDA).
 
 Without `WORLD_SIZE > 1` in the environment everything here is a no-op on a single process, so the
-same loop runs unchanged on a laptop and on a cluster. Sharding itself is FSDP2's
+same loop runs unchanged on a laptop and on a cluster. `init_distributed(..., fsdp="always")` makes a
+one-process group (an in-memory store, no rendezvous) so the engine shards with FSDP2 at world size 1
+too: the same code path, memory layout and bf16 parameters as a multi-GPU run, on one device. Sharding itself is FSDP2's
 (`hybridlab.train.fsdp`); this module only joins the group, picks the device and offers the few
 collectives the loop needs for scalars (loss sums, RNG states).
 """
@@ -25,6 +27,7 @@ class DistContext:
     local_rank: int
     device: torch.device
     owns_group: bool  # we initialised the process group, so we destroy it
+    grouped: bool = False  # a process group is active even at world size 1 (fsdp="always")
 
     @property
     def is_main(self) -> bool:
@@ -33,6 +36,11 @@ class DistContext:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def shards(self) -> bool:
+        """Whether the engine shards with FSDP2: more than one process, or a one-process group."""
+        return self.enabled or self.grouped
 
     def barrier(self) -> None:
         if self.enabled:
@@ -55,11 +63,29 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def init_distributed(device_pref: str) -> DistContext:
-    """Read torchrun's env vars, pick the device and join (or reuse) the process group."""
+FSDP_MODES = ("auto", "always")
+
+
+def init_distributed(device_pref: str, fsdp: str = "auto") -> DistContext:
+    """Read torchrun's env vars, pick the device and join (or reuse) the process group.
+
+    `fsdp`: "auto" shards only under torchrun with more than one process; "always" also gives a single
+    process a group of one, so the engine shards it.
+    """
+    if fsdp not in FSDP_MODES:
+        raise HybridlabError(f"fsdp={fsdp!r}: must be one of {FSDP_MODES}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return DistContext(0, 1, 0, resolve_device(device_pref), owns_group=False)
+        device = resolve_device(device_pref)
+        if fsdp != "always":
+            return DistContext(0, 1, 0, device, owns_group=False)
+        if device.type == "cuda":
+            torch.cuda.set_device(device.index or 0)
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
+                                    rank=0, world_size=1)
+        return DistContext(0, 1, 0, device, owns_group=owns, grouped=True)
     missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise HybridlabError(f"WORLD_SIZE={world} but {missing} are not set; launch with torchrun")
@@ -70,4 +96,4 @@ def init_distributed(device_pref: str) -> DistContext:
     owns = not dist.is_initialized()
     if owns:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return DistContext(rank, world, local_rank, device, owns_group=owns)
+    return DistContext(rank, world, local_rank, device, owns_group=owns, grouped=True)

@@ -2,20 +2,27 @@
 
 `Engine(model, ctx, ...)` prepares the module the loop trains and gives it back at the end:
 
-- **One process** (a laptop, `WORLD_SIZE` unset): the model itself is trained, on `ctx.device`.
-- **W processes** (torchrun; gloo on CPU, nccl on CUDA): a meta-device copy of the model (parameters
+- **One process** (a laptop, `WORLD_SIZE` unset, `fsdp="auto"`): the model itself is trained, on
+  `ctx.device`.
+- **Sharded** (torchrun with W processes, gloo on CPU and nccl on CUDA; or one process with
+  `TrainConfig.fsdp="always"`, a group of one): a meta-device copy of the model (parameters
   on `meta`, buffers real) is sharded with `fully_shard`: first the task's extra units (for stage-1
   distillation the mixer wrappers, which it calls directly), then every decoder layer, then a root
   `_Root` module that holds the model and runs a function on it (`engine.run(fn, ...)`). Every loss,
   evaluation and hook call goes through that root, so parameters outside the decoder layers
   (embeddings, final norm, the LM head that chunked losses read directly) are gathered for the call
   and freed after it. The copy's shards are filled from rank 0's weights
-  (`set_model_state_dict(..., broadcast_from_rank0=True)`), and the caller's parameters are moved to
-  `meta` for the run, so a rank holds only its shards. `finish()` gathers the trained weights and
-  puts them back into the caller's model on every rank, so scripts save and evaluate a plain model.
-- **Mixed precision** on CUDA with bf16: `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`
-  (fp32 master weights and gradient reduction). On CPU the loop's bf16 autocast does the casting and
-  gradients reduce in fp32.
+  (`set_model_state_dict(..., broadcast_from_rank0=True)`): only rank 0's caller needs real weights
+  (on the CPU is enough); the other ranks may pass a skeleton whose parameters are on `meta`
+  (`params_on_meta`), so no rank ever holds the full model on its device. The caller's parameters
+  are moved to `meta` for the run. `finish()` gathers the trained weights to rank 0's CPU one tensor
+  at a time (after the caller has dropped the optimiser and the sharded copy is freed) and puts them
+  back into rank 0's model on `ctx.device`; on the other ranks the caller's parameters stay on `meta`
+  (they return without publishing).
+- **Mixed precision** with bf16 (sharded, CPU and CUDA alike):
+  `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`: fp32 master shards, bf16 gathered
+  parameters for compute, gradients reduced in fp32 (gloo reduces bf16-cast shards as fp32 too). A
+  single unsharded process keeps fp32 parameters under the loop's bf16 autocast.
 - **Fused RMSNorm on CPU**: the trained model's transformers RMSNorms take `models.fused`'s one-node
   forward/backward (bit-identical output, fewer element-wise passes); `finish()` restores their classes.
 - **Activation checkpointing** (`activation_checkpointing=True`): each decoder layer's forward runs
@@ -34,8 +41,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import gc
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -70,7 +79,7 @@ class Engine:
     def __init__(self, model: nn.Module, ctx: DistContext, *, bf16_params: bool = False,
                  activation_checkpointing: bool = False, extra_units: Callable[[nn.Module], Sequence[nn.Module]] | None = None):
         self.ctx, self.caller = ctx, model
-        self.sharded = ctx.enabled
+        self.sharded = ctx.shards
         self._unfuse = lambda: None
         if not self.sharded:
             self.model = model.to(ctx.device)
@@ -82,13 +91,17 @@ class Engine:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        full_sd = {k: v.detach() for k, v in model.state_dict().items()}
+        # Rank 0's weights are broadcast shard by shard; the other ranks' (possibly meta) values are ignored.
+        full_sd = {k: v.detach() for k, v in model.state_dict().items()} if ctx.is_main else {}
+        if ctx.is_main and any(v.is_meta for v in full_sd.values()):
+            raise HybridlabError("rank 0's model has parameters on the meta device; load its weights (only the "
+                                 "other ranks may pass a skeleton); report this as a bug")
         work, self._slots = _meta_copy(model)
         self._ckpt_layers = _enable_checkpointing(work) if activation_checkpointing else []
         if ctx.device.type == "cpu":
             fuse_rms_norms(work)  # the sharded copy is dropped at finish(): nothing to undo
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if bf16_params and ctx.device.type == "cuda" else MixedPrecisionPolicy())
+              if bf16_params else MixedPrecisionPolicy())
         units = list(extra_units(work)) if extra_units is not None else []
         units += list(decoder_layers_or_none(work) or [])
         depth = {id(m): n.count(".") + 1 for n, m in work.named_modules()}
@@ -101,6 +114,9 @@ class Engine:
         # to_empty left the buffers uninitialised: copy them (non-persistent ones too) from the caller.
         with torch.no_grad():
             for (name, b_work), (_, b_src) in zip(_named_buffers(work), _named_buffers(model)):
+                if b_src.is_meta:
+                    raise HybridlabError(f"buffer {name} is on the meta device; build skeletons with "
+                                         "hybridlab.train.fsdp.params_on_meta (real buffers)")
                 b_work.copy_(b_src)
         set_model_state_dict(work, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         del full_sd
@@ -164,16 +180,25 @@ class Engine:
 
     # ---- the end -----------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Give the caller's model its trained weights (full, on every rank) and drop the sharded copy."""
+        """Give rank 0's model its trained weights on `ctx.device` and drop the sharded copy.
+
+        Sharded: the full state is gathered one tensor at a time to rank 0's CPU (the other ranks get
+        nothing), the sharded copy is freed, then rank 0's model gets its parameters back on the device.
+        The caller drops its optimiser (and any other reference to `engine.model`) before calling this.
+        """
         _disable_checkpointing(self._ckpt_layers)
         self._unfuse()
         if not self.sharded:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         self.model = self._root = None
-        _restore_from(self._slots, full, self.ctx.device)
+        gc.collect()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.ctx.is_main:
+            _restore_from(self._slots, full, self.ctx.device)
 
     def abandon(self) -> None:
         """After an error: undo activation checkpointing and the fused norms; a sharded run leaves the caller's
@@ -213,6 +238,27 @@ class Frozen:
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def params_on_meta():
+    """Modules built inside get their parameters on `meta` (each made, then moved) and real buffers.
+
+    For sharded ranks other than 0: the model's structure and buffers (rotary tables) without its weights,
+    which the engine fills shard by shard from rank 0.
+    """
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
 def _named_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(model.named_buffers(remove_duplicate=True))
 
@@ -255,10 +301,11 @@ def _park_on_meta(slots) -> None:
 
 
 def _restore_from(slots, full: dict[str, torch.Tensor], device: torch.device) -> None:
+    """The gathered tensors (fresh CPU copies, popped so each is held once) as the slots' parameters."""
     new: dict[int, nn.Parameter] = {}
     for mod, attr, name, p in slots:
         if id(p) not in new:
-            new[id(p)] = nn.Parameter(full[name].detach().to(device=device, dtype=p.dtype).clone(),
+            new[id(p)] = nn.Parameter(full.pop(name).detach().to(device=device, dtype=p.dtype),
                                       requires_grad=p.requires_grad)
         mod._parameters[attr] = new[id(p)]
 

@@ -128,7 +128,7 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
                                       device=next(model.parameters()).device)
 
     result = train(model, CausalLMTask(), train_set, cfg, eval_fn=eval_fn)
-    if not is_main():  # every rank holds the trained weights; rank 0 publishes
+    if not is_main():  # rank 0 holds the trained weights and publishes
         return None
     final = eval_fn(model.eval(), result.step)
     baseline = unigram_entropy(np.asarray(train_set.tokens), len(tok))
@@ -188,7 +188,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     from hybridlab.train.config import TrainConfig
     from hybridlab.device import resolve_device
     from hybridlab.train.distributed import init_distributed
-    from hybridlab.train.fsdp import Frozen
+    from hybridlab.train.fsdp import Frozen, params_on_meta
     from hybridlab.train.loop import METRICS_FILE, train
     from hybridlab.train.run import work_dir
 
@@ -219,7 +219,15 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     shard_teacher = params.get("teacher_sharding", "replicate") == "shard"
     ctx = init_distributed(cfg.device) if shard_teacher else None
     frozen_teacher = Frozen(teacher_model, ctx, shard=True) if shard_teacher else teacher_model
-    model = load_hybrid(student, dtype=torch.float32, device=device)
+    # Sharded, rank 0 reads the student to its CPU and the engine broadcasts it shard by shard; the other ranks
+    # build its structure only (parameters on meta), so no device ever holds the full fp32 student.
+    if not (int(os.environ.get("WORLD_SIZE", "1")) > 1 or cfg.fsdp == "always"):
+        model = load_hybrid(student, dtype=torch.float32, device=device)
+    elif main:
+        model = load_hybrid(student, dtype=torch.float32)
+    else:
+        with params_on_meta():
+            model = load_hybrid(student, dtype=torch.float32, weights=False)
     # Before any update: the mixture is in this teacher's tokens (ids fit both embeddings) and holds the budget.
     what = f"distill stage {stage}"
     check_mixture_vocab(mixture, teacher_model, f"{what} teacher {teacher}")
@@ -251,20 +259,15 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
             task.clear()
         return out
 
+    # Before the first update: the curve's 0-token point, evaluated by the loop through the engine like every
+    # other point (rank 0 decides; on a resume the stored one is reused).
     initial_path = work / INITIAL_EVAL_FILE
-    want_initial = not initial_path.exists()
-    if ctx is not None:  # one decision for all ranks (rank 0 writes the file the others would see)
-        want_initial = ctx.all_gather_object(want_initial)[0]
-    if want_initial and (main or ctx is not None):  # a sharded teacher needs every rank in the call
-        # Before the first update: the curve's 0-token point (on a resume, the stored one is reused).
-        model.eval()
-        with torch.no_grad():
-            initial = eval_fn(model, 0)
-        if main:
-            initial_path.write_text(json.dumps(initial, sort_keys=True))
+    store_initial = (lambda values: initial_path.write_text(json.dumps(values, sort_keys=True))) \
+        if not initial_path.exists() else None
 
     t0 = time.perf_counter()
-    result = train(model, task, train_set, cfg, eval_fn=eval_fn, grad_norm_groups=D.grad_norm_groups())
+    result = train(model, task, train_set, cfg, eval_fn=eval_fn, grad_norm_groups=D.grad_norm_groups(),
+                   initial_eval=store_initial)
     seconds = time.perf_counter() - t0
     if ctx is not None:
         ctx.close()
@@ -311,7 +314,7 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     - ``summary.json``: arm, seed, parameters, steps, tokens, layer types, freeze windows (in updates) and
       scope, recurrent layers, optimiser-switch step, long-gap fraction, test accuracy per gap, wall time.
 
-    Returns the summary.
+    Returns the summary (None off rank 0).
 
     params keys:
       seed              int
@@ -377,6 +380,8 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     result = train(model, srt.SpacedRetrievalTask(gaps), sr.SpacedRetrievalDataset(train_records), cfg,
                    collate_fn=sr.collate, on_step_start=[*plan.schedules, ckpt], eval_fn=eval_fn,
                    grad_norm_groups=grad_norm_groups(model))
+    if not is_main():  # rank 0 holds the trained weights and publishes
+        return None
     model.eval()
     if steps in score_at:
         ckpt.save(steps, model)
@@ -485,7 +490,7 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
 
     result = train(model, CausalLMTask(), train_set, cfg, on_step_start=plan.schedules, eval_fn=eval_fn,
                    grad_norm_groups=groups)
-    if not is_main():  # every rank holds the trained weights; rank 0 publishes
+    if not is_main():  # rank 0 holds the trained weights and publishes
         return None
     final = eval_fn(model.eval(), result.step)
 

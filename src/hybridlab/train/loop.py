@@ -12,7 +12,8 @@ turns a batch into a loss, and a map-style dataset (`len` + integer indexing). O
    `grad_norm_groups`); stop with `HybridlabError` naming the step on a NaN/Inf loss or gradient,
    before any weight changes; clip; optimiser step;
 5. every `log_every` steps (and at eval steps and the last step) a row in `metrics.parquet`; eval
-   every `eval_every` steps; a checkpoint every `ckpt_every` steps and at the end.
+   every `eval_every` steps; a checkpoint every `ckpt_every` steps and at the end (the end's holds only
+   the weights with `final_checkpoint="weights"`: a rerun then only publishes).
 
 Loss convention: each micro-batch loss is whatever the task returns (typically a token mean) and
 the update's loss is the mean over the global batch's micro-batches. Step numbering: see
@@ -21,13 +22,16 @@ whenever one exists, so rerunning the same command after a kill continues the ru
 result is bitwise identical to an uninterrupted run (`restart=True` deletes previous outputs). A
 checkpoint (sharded, `hybridlab.train.checkpoint`) resumes at any process count.
 
-Distribution (`hybridlab.train.fsdp.Engine`): under torchrun the model is sharded with FSDP2 and
-every task, hook and evaluation call receives the sharded module, called through the FSDP root;
-when `train` returns, the caller's model holds the trained weights, full, on every rank. Only rank
-0 writes metrics and shows the progress bar; every rank writes its checkpoint shards. `eval_fn`
+Distribution (`hybridlab.train.fsdp.Engine`): under torchrun (or with `fsdp="always"` in one
+process) the model is sharded with FSDP2 and every task, hook and evaluation call receives the
+sharded module, called through the FSDP root. Only rank 0's model needs real weights (the other
+ranks may pass a skeleton built under `fsdp.params_on_meta`); when `train` returns, rank 0's model
+holds the trained weights, full, on its device, and the other ranks' parameters are on `meta`. Only
+rank 0 writes metrics and shows the progress bar; every rank writes its checkpoint shards. `eval_fn`
 runs on every rank under `torch.no_grad()` (and the training precision's autocast) with the model in eval mode and the RNG states restored
 afterwards, so evaluating never changes the training trajectory; rank 0's values are logged as
-`eval/<key>`.
+`eval/<key>`. `initial_eval(values)` (rank 0) receives `eval_fn`'s values for the weights `train` was
+given, evaluated the same way before any checkpoint is loaded (the curve's 0-token point).
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ def train(
     grad_norm_groups: dict[str, Callable[[str], bool]] | None = None,
     restart: bool = False,
     fingerprint: str | None = None,
+    initial_eval: Callable[[dict[str, float]], None] | None = None,
 ) -> TrainResult:
     """Train `model` on `task` until `cfg.total_steps()`, resuming from the latest checkpoint.
 
@@ -115,11 +120,14 @@ def train(
     for name in ("loss", "num_tokens"):
         if not callable(getattr(task, name, None)):
             raise HybridlabError(f"task {type(task).__name__} has no {name}() method; see hybridlab.train.loop.Task")
-    ctx = init_distributed(cfg.device)
+    if initial_eval is not None and eval_fn is None:
+        raise HybridlabError("initial_eval needs an eval_fn to evaluate with")
+    ctx = init_distributed(cfg.device, cfg.fsdp)
     try:
         hooks = [] if on_step_start is None else [on_step_start] if callable(on_step_start) else list(on_step_start)
         run = _Run(model, task, dataset, cfg, ctx, collate_fn, hooks, eval_fn, on_checkpoint, grad_norm_groups or {},
                    fingerprint)
+        run.initial_eval = initial_eval
         return run.run(restart)
     finally:
         ctx.close()
@@ -145,6 +153,7 @@ class _Run:
         self.metrics = MetricsLog(self.out / METRICS_FILE, active=ctx.is_main)
         self.sampler = EpochSampler(len(dataset), cfg.seed)
         self.last_ckpt: Path | None = None
+        self.initial_eval: Callable[[dict[str, float]], None] | None = None
 
     # ---- setup -------------------------------------------------------------------------------
     def _start(self, restart: bool) -> tuple[int, int]:
@@ -159,12 +168,23 @@ class _Run:
                              extra_units=getattr(self.task, "shard_units", None))
         self.model = self.engine.model
         self.model.train()
+        want = self.initial_eval is not None
+        if ctx.enabled:  # rank 0 decides, so every rank takes part in the (collective) evaluation
+            want = ctx.all_gather_object(want)[0]
+        if want:
+            values = self._evaluate(0)
+            if ctx.is_main and self.initial_eval is not None:
+                self.initial_eval(values)
         kind = state["optimizer"] if state is not None else cfg.optimizer
         self.opt = HybridOptimizer(self.model, cfg, kind)
         if state is None:
             _seed_everything(cfg.seed + ctx.rank)
             self.metrics.resume(upto_step=0)
             return 0, 0
+        if state.get("weights_only") and state["step"] < self.total:
+            raise HybridlabError(f"checkpoint {path} holds only the weights (final_checkpoint: weights) at update "
+                                 f"{state['step']} of {self.total}, so training cannot continue from it; rerun with "
+                                 "--restart")
         load_checkpoint(path, self.model, self.opt.optimizers, state)
         if ctx.is_main:
             print(f"resuming from {path} at update {state['step']} of {cfg.total_steps()}", flush=True)
@@ -245,6 +265,7 @@ class _Run:
 
     # ---- eval / checkpoint ---------------------------------------------------------------------
     def _evaluate(self, step: int) -> dict[str, float]:
+        """eval_fn's values (as floats) through the engine, in eval mode, with the RNG states restored."""
         rng = capture_rng()
         self.model.eval()
         try:
@@ -255,9 +276,9 @@ class _Run:
             restore_rng(rng)
         if not isinstance(result, dict):
             raise HybridlabError(f"eval_fn must return a dict of scalars, got {type(result).__name__}")
-        return {f"eval/{k}": _as_float(v) for k, v in result.items()}
+        return {k: _as_float(v) for k, v in result.items()}
 
-    def _checkpoint(self, step: int, tokens: int) -> None:
+    def _checkpoint(self, step: int, tokens: int, weights_only: bool = False) -> None:
         ok, bad = self.engine.all_finite()  # the same verdict on every rank, so no rank waits forever
         if not ok:
             raise HybridlabError(
@@ -273,8 +294,10 @@ class _Run:
             "optimizer": self.opt.kind,
             "sampler": self.sampler.state_dict(),
             "rng": rngs,
+            "weights_only": weights_only,
         }
-        self.last_ckpt = save_checkpoint(self.ckpt_dir, step, self.model, self.opt.optimizers, state,
+        optimizers = {} if weights_only else self.opt.optimizers
+        self.last_ckpt = save_checkpoint(self.ckpt_dir, step, self.model, optimizers, state,
                                          self.cfg.keep_last_k, is_main=self.ctx.is_main, barrier=self.ctx.barrier)
         if self.on_checkpoint is not None and self.ctx.is_main:
             self.on_checkpoint(step)
@@ -303,18 +326,20 @@ class _Run:
                     row = {"step": step, "tokens": tokens, "loss": out.pop("loss"), "lr": out.pop("lr"),
                            "grad_norm": out.pop("grad_norm"), "tokens_per_s": tps, **out}
                     if do_eval:
-                        row.update(self._evaluate(step))
+                        row.update({f"eval/{k}": v for k, v in self._evaluate(step).items()})
                     self.metrics.append(row)
                     self.metrics.flush()
                     t_last, tok_last = time.perf_counter(), tokens
                 if is_last or (cfg.ckpt_every is not None and step % cfg.ckpt_every == 0):
-                    self._checkpoint(step, tokens)
+                    self._checkpoint(step, tokens, weights_only=is_last and cfg.final_checkpoint == "weights")
         except BaseException:
             if hasattr(self, "engine"):
                 self.engine.abandon()
             raise
         finally:
             bar.close()
+        # The optimiser state and every reference to the sharded model go before the weights are gathered.
+        self.opt = self.model = None
         self.engine.finish()
         return TrainResult(step, tokens, self.out, latest_checkpoint(self.ckpt_dir), self.out / METRICS_FILE)
 
