@@ -145,8 +145,12 @@ def test_a_pair_without_a_dense_model_is_noted_not_a_crash():
                     "hybrids degrade less with context length in multilingual NIAH", findings.NIAH_OOM):
         r = _one(df, finding, "swa-hub")
         assert r["verdict"] == "inconclusive" and "no dense model" in r["note"] and math.isnan(r["effect"])
-    # its own first-FA row needs no dense partner
-    assert not math.isnan(_one(df, FIRST_FA, "swa-hub")["effect"])
+    # a sliding-window model gets the no-reorganisation row (expected -) instead of the hybrids' first-FA row
+    from hybridlab.plots.findings_multi import SWA_FLAT
+
+    r = _one(df, SWA_FLAT, "swa-hub")
+    assert r["expected"] == "-" and r["effect"] == pytest.approx(0.0) and r["verdict"] == "inconclusive"
+    assert not df.filter((pl.col("finding") == FIRST_FA) & (pl.col("comparison") == "swa-hub")).height
 
 
 def test_fixed_published_models_decide_from_their_unit_interval():

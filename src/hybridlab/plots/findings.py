@@ -351,6 +351,8 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
         for metric, label in views:
             finding = "the largest SoftCKA change across layers is at the hybrid's first FA layer" + label
             for pair in sorted(models):
+                if models[pair].get("dense") is None:
+                    continue  # a sliding-window model listed alone: its own row (findings_multi.swa_rows)
                 rule = _analysis_rule(pair, models[pair], "languages")
                 h = hid.filter((pl.col("pair") == pair) & (pl.col("role") == "hybrid"))
                 f, margins = first_fa_margins(h, metric)
@@ -608,14 +610,20 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
                    retrieval_score: pl.DataFrame | None, bld_sr: pl.DataFrame | None, bld_nl: pl.DataFrame | None,
                    distill_stage1: pl.DataFrame | None = None, softcka_seeds: pl.DataFrame | None = None,
                    baseline: str = "standard_periodic",
-                   english: str = ENGLISH) -> pl.DataFrame:
+                   english: str = ENGLISH, recency: pl.DataFrame | None = None,
+                   fertility: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
-    are None for a preset that runs the multilinguality study alone (its BLD rows are then left out)."""
+    are None for a preset that runs the multilinguality study alone (its BLD rows are then left out). The
+    further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given."""
+    from hybridlab.plots.findings_multi import multilinguality_rows
+
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
             + _softcka_rows(softcka, softcka_seeds)
-            + _niah_rows(niah))
+            + _niah_rows(niah)
+            + multilinguality_rows(perplexity_rows, softcka, niah, recency, fertility, softcka_seeds, baseline,
+                                   english))
     if retrieval_score is not None and bld_sr is not None:
         rows += _bld_sr_rows(retrieval_score, bld_sr)
     if bld_nl is not None:
