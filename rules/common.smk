@@ -448,6 +448,7 @@ def distill_params(stage, seed):
     ]
     keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
     keys += ["keep_last_k"] if "keep_last_k" in d else []  # checkpoints kept (not part of the run's fingerprint)
+    keys += ["final_checkpoint"] if "final_checkpoint" in d else []  # full | weights (not fingerprinted either)
     return as_json({**{k: d[k] for k in keys}, "seed": int(seed), **DOCUMENT_MASK})
 
 

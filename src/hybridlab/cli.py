@@ -70,7 +70,8 @@ def _cmd_plan(args) -> None:
     if args.json:
         out = json.loads(plans_json(plans, args.gpu_mem_gb))
         out["disk"] = [{"job": p.job, "runs": p.runs, "checkpoint_bytes": p.checkpoint_bytes, "kept": p.kept,
-                        "final_bytes": p.final_bytes, "total_bytes": p.total} for p in disks]
+                        "final_checkpoint_bytes": p.final_checkpoint, "final_bytes": p.final_bytes,
+                        "peak_bytes": p.per_run, "left_bytes": p.at_rest, "total_bytes": p.total} for p in disks]
         print(json.dumps(out, indent=1))
     else:
         print(format_table(plans, args.gpu_mem_gb) + "\n\n" + format_disk(disks))

@@ -397,6 +397,9 @@ class DistillTrain:
     ckpt_every_tokens: PosInt = req("training tokens between checkpoints")
     keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
                               "stage-2 checkpoint is ~57 GB)")
+    final_checkpoint: Literal["full", "weights"] = opt(
+        "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
+        "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows_per_language: PosInt = req("held-out rows per language for the curves")
     table_rows_per_language: int | None = req("held-out rows per language for the perplexity table "
                                               "(null: all)", minimum=1)
@@ -442,6 +445,9 @@ class BldSrTrain:
     ckpt_every: PosInt = opt(UNSET, "updates between checkpoints (absent: the end only)")
     keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
                               "stage-2 checkpoint is ~57 GB)")
+    final_checkpoint: Literal["full", "weights"] = opt(
+        "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
+        "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows_per_gap: PosInt = req("evaluation examples per gap")
     precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU")
 
@@ -483,6 +489,9 @@ class BldNlTrain:
     ckpt_every: PosInt = opt(UNSET, "updates between checkpoints (absent: the end only)")
     keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
                               "stage-2 checkpoint is ~57 GB)")
+    final_checkpoint: Literal["full", "weights"] = opt(
+        "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
+        "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows: PosInt = opt(16, "held-out rows per evaluation")
 
 

@@ -146,11 +146,24 @@ def test_disk_of_a_known_shape():
     assert plan.checkpoint_bytes(1000, 1000) == 12000
     assert plan.checkpoint_bytes(1000, 100) == 4800  # stage 1: every weight saved, 100 trained
     assert plan.checkpoint_bytes(1000, 1000, muon=400) == 4000 + 8 * 600 + 4 * 400
-    d = plan.DiskPlan("distill_stage2 x gdn", runs=3, checkpoint_bytes=12 * 10**9, kept=2, final_bytes=4 * 10**9)
-    assert d.per_run == 28 * 10**9 and d.total == 84 * 10**9
+    G = 10**9
+    # kept 2 full checkpoints of 12 GB: a third is written before the oldest goes (36); a run leaves 2 x 12 + 4
+    d = plan.DiskPlan("distill_stage2 x gdn", runs=3, checkpoint_bytes=12 * G, kept=2, final_bytes=4 * G)
+    assert d.per_run == 36 * G and d.at_rest == 28 * G and d.total == 84 * G
     lines = plan.format_disk([d]).splitlines()
-    assert lines[2].split() == ["distill_stage2", "x", "gdn", "3", "12.00", "2", "4.00", "28.00", "84.0"]
-    assert lines[-1] == "disk in all: 84.0 GB over 3 runs"
+    assert lines[2].split() == ["distill_stage2", "x", "gdn", "3", "12.00", "2", "12.00", "4.00", "36.00", "28.00",
+                                "84.0"]
+    assert lines[-1] == "disk in all: 84.0 GB left by 3 runs, 92.0 GB with the largest run in flight"
+    # keep 1 and a weights-only end (4 GB): the peak is the second full checkpoint being written (24); at the end
+    # 12 + 4, then the full one goes and the weights are published: 4 + 4 left, or 4 once checkpoints are dropped
+    w = plan.DiskPlan("bld", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G, final_checkpoint_bytes=4 * G)
+    assert (w.per_run, w.at_rest, w.total) == (24 * G, 8 * G, 16 * G)
+    dropped = plan.DiskPlan("d", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G,
+                            final_checkpoint_bytes=4 * G, drops_checkpoints=True)
+    assert (dropped.per_run, dropped.at_rest) == (24 * G, 4 * G)
+    # a full end with 1 kept: the end's checkpoint is the peak's second one, then it stays with the weights
+    full = plan.DiskPlan("f", runs=1, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G)
+    assert (full.per_run, full.at_rest) == (24 * G, 16 * G)
 
 
 def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
@@ -162,6 +175,10 @@ def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
     assert 50e9 < s2.checkpoint_bytes < 65e9 and s2.checkpoint_bytes == 3 * s2.final_bytes  # 12 vs 4 bytes a weight
     assert disks["distill_stage1 Qwen--Qwen3-4B gdn"].checkpoint_bytes < s2.checkpoint_bytes
     assert all(d.kept == 1 for d in disks.values())
+    # the paper's ends are weights-only; distillation then deletes its checkpoints, BLD keeps the last one
+    assert s2.final_checkpoint == s2.final_bytes and s2.at_rest == s2.final_bytes and s2.per_run == 2 * s2.checkpoint_bytes
+    nl = next(d for j, d in disks.items() if j.startswith("bld_nl"))
+    assert nl.final_checkpoint == nl.final_bytes and nl.at_rest == 2 * nl.final_bytes
     assert main(["plan", "--scale", "paper", "--gpus", "4"]) == 0
     out = capsys.readouterr().out
     assert "distill_stage2 Qwen--Qwen3-4B gdn" in out.split("Disk in GB")[1] and "disk in all: " in out

@@ -120,4 +120,5 @@ def test_keep_last_k_is_not_part_of_the_fingerprint():
     base = {"seed": 0, "stage2": {"lr": 1e-4}}
     assert fingerprint({**base, "keep_last_k": 1}, []) == fingerprint(base, [])
     assert fingerprint({**base, "stage2": {"lr": 1e-4, "keep_last_k": 3}}, []) == fingerprint(base, [])
+    assert fingerprint({**base, "final_checkpoint": "weights"}, []) == fingerprint(base, [])
     assert fingerprint({**base, "seed": 1}, []) != fingerprint(base, [])

@@ -159,7 +159,7 @@ def train_config_dict(run: dict, *, out_dir: str, seed: int, steps: int, plan) -
            "grad_accum": run.get("grad_accum", 1), "lr": run["lr"], "warmup_steps": min(warmup, steps),
            "weight_decay": run.get("weight_decay", 0.1), "optimizer": "adamw",
            "eval_every": run.get("eval_every"), "ckpt_every": run.get("ckpt_every"), "log_every": 10,
-           **({"keep_last_k": run["keep_last_k"]} if "keep_last_k" in run else {})}
+           **{k: run[k] for k in ("keep_last_k", "final_checkpoint") if k in run}}
     cfg.update(plan.train_config_overrides())
     return cfg
 

@@ -175,6 +175,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
       kl_chunk_tokens          stage 2: positions per KL chunk; kl_vocab_chunk: vocabulary columns per chunk
       teacher_sharding         "replicate" (default) or "shard": the frozen teacher under FSDP
       keep_last_k              checkpoints kept (default TrainConfig's)
+      final_checkpoint         "full" (default) or "weights": the end's checkpoint without optimiser state
       document_mask            bool (default false): document-masked training and evaluation
     """
     import polars as pl
@@ -205,7 +206,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
     main = is_main()
     work = work_dir(work, {"stage": stage, **params}, [student, teacher, mixture], restart=restart, is_main=main)
-    keep = {"keep_last_k": params["keep_last_k"]} if "keep_last_k" in params else {}
+    keep = {k: params[k] for k in ("keep_last_k", "final_checkpoint") if k in params}
     cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len, **keep,
                                  "eval_every": every["eval"], "ckpt_every": every["ckpt"],
                                  "activation_checkpointing": params["gradient_checkpointing"], **run})

@@ -46,8 +46,8 @@ def _update_with_file(h, path: Path) -> None:
         h.update(fh.read(_EDGE_BYTES))
 
 
-# Settings that only say how many checkpoints to keep: changing them resumes the run instead of restarting it.
-NOT_FINGERPRINTED = frozenset({"keep_last_k"})
+# Settings that only say which checkpoints to keep: changing them resumes the run instead of restarting it.
+NOT_FINGERPRINTED = frozenset({"keep_last_k", "final_checkpoint"})
 
 
 def _trajectory(settings):
