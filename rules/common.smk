@@ -605,29 +605,24 @@ def bld_nl_dirs():
 
 def position_loss_evaluator():
     """The teacher key of LongPPL's external evaluator (`position_loss.evaluator` naming a teacher), or None when
-    it names an arm; a teacher must use the BLD-NL tokenizer, any other name must be an arm."""
+    it names an arm (hybridlab.eval.position_loss.external_evaluator)."""
+    from hybridlab.eval.position_loss import external_evaluator
+
     pl_cfg = C.get("eval", {}).get("heads_position", {}).get("position_loss")
     if not BLD_STUDY or pl_cfg is None:
         return None
-    name = pl_cfg["evaluator"]
-    where = f"presets.{SCALE}.eval.heads_position.position_loss.evaluator"
-    if teacher_key(name) in TEACHERS:
-        if teacher_tok(teacher_key(name)) != BLD_NL_TOK:
-            print(
-                f"error: config: {where} {name!r} uses tokenizer {teacher_tok(teacher_key(name))!r} but the "
-                f"BLD-NL arms use {BLD_NL_TOK!r}; name a teacher with the BLD-NL tokenizer or an arm",
-                file=sys.stderr,
-            )
-            sys.exit(1)
-        return teacher_key(name)
-    if name not in bld_nl_arms():
-        print(
-            f"error: config: {where} {name!r} is neither a BLD-NL arm ({', '.join(bld_nl_arms())}) nor a teacher "
-            f"({', '.join(teacher_name(t) for t in TEACHERS)}); name one of them",
-            file=sys.stderr,
+    try:
+        name = external_evaluator(
+            pl_cfg["evaluator"],
+            bld_nl_arms(),
+            {teacher_name(t): teacher_tok(t) for t in TEACHERS},
+            BLD_NL_TOK,
+            where=f"presets.{SCALE}.eval.heads_position.position_loss.evaluator",
         )
+    except HybridlabError as exc:
+        print(f"error: config: {exc}", file=sys.stderr)
         sys.exit(1)
-    return None
+    return teacher_key(name) if name is not None else None
 
 
 POSITION_LOSS_EVALUATOR = position_loss_evaluator()

@@ -227,3 +227,15 @@ def test_position_loss_figure_draws_a_band_per_arm():
     assert "bootstrap over the documents" in figures.CAPTIONS["fig_position_loss"]
     plain = figures.position_loss(pl.DataFrame(rows).drop("mean_loss_lo", "mean_loss_hi"))
     assert not [c for c in plain.axes[0].collections if isinstance(c, PolyCollection)]
+
+
+def test_the_evaluator_is_an_arm_or_a_teacher_with_the_arms_tokenizer():
+    from hybridlab.eval.position_loss import external_evaluator
+
+    arms, teachers = ["kda-baseline", "kda-bld"], {"Qwen/Qwen3-4B": "qwen3", "ibm-granite/granite-4.1-3b": "granite4"}
+    assert external_evaluator("kda-baseline", arms, teachers, "qwen3") is None
+    assert external_evaluator("Qwen/Qwen3-4B", arms, teachers, "qwen3") == "Qwen/Qwen3-4B"
+    with pytest.raises(HybridlabError, match="uses tokenizer 'granite4' but the BLD-NL arms use 'qwen3'"):
+        external_evaluator("ibm-granite/granite-4.1-3b", arms, teachers, "qwen3")
+    with pytest.raises(HybridlabError, match="'kda-1b-baseline' is neither a BLD-NL arm"):
+        external_evaluator("kda-1b-baseline", arms, teachers, "qwen3")

@@ -355,6 +355,22 @@ def position_loss_documents(cfg: dict, *, mixture: str | None = None, tokenizer:
     return [np.asarray(doc, dtype=np.int64) for doc in ids]
 
 
+def external_evaluator(name: str, arms: Sequence[str], teacher_tokenizers: dict[str, str], bld_nl_tokenizer: str,
+                       where: str = "position_loss.evaluator") -> str | None:
+    """Which model `position_loss.evaluator` names: None for an arm, the teacher's name for a teacher (an
+    external evaluator, `teacher_tokenizers` = {teacher name: its tokenizer name}), which must use the BLD-NL
+    tokenizer; any other name is a one-line error."""
+    if name in teacher_tokenizers:
+        if teacher_tokenizers[name] != bld_nl_tokenizer:
+            raise HybridlabError(f"{where} {name!r} uses tokenizer {teacher_tokenizers[name]!r} but the BLD-NL arms use "
+                                 f"{bld_nl_tokenizer!r}; name a teacher with the BLD-NL tokenizer or an arm")
+        return name
+    if name not in arms:
+        raise HybridlabError(f"{where} {name!r} is neither a BLD-NL arm ({', '.join(arms)}) nor a teacher "
+                             f"({', '.join(teacher_tokenizers)}); name one of them")
+    return None
+
+
 def check_evaluator_vocab(evaluator: nn.Module, windows: torch.Tensor, name: str) -> None:
     """An external evaluator must embed every token id of the windows (it has to share the arms' tokenizer)."""
     n_vocab = evaluator.get_input_embeddings().num_embeddings
