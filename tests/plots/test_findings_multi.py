@@ -131,7 +131,7 @@ def test_fertility_rows_decide_from_the_sentence_interval_of_a_fixed_tokenizer()
     assert not [k for k in rows if "utf8_bytes" in k[1]]  # the byte reference is not a model's tokenizer
     y = rows[M.FERTILITY_YOR, "tokenizer Qwen/Qwen3.5-4B-Base: yor_Latn"]
     assert (y["effect"], y["ci_lo"], y["ci_hi"]) == pytest.approx((1.6, 1.4, 1.8)) and y["verdict"] == "reproduced"
-    assert y["n_seeds"] == 0 and "contains the study's 2.60" in y["note"]
+    assert y["n_seeds"] == 0 and "contains the study's 2.60" in y["note"] and y["note"].startswith("fixed tokenizer")
     top = rows[M.FERTILITY_MAX, "tokenizer allenai/Olmo-Hybrid-7B: amh_Ethi"]
     assert top["effect"] == pytest.approx(9.5) and "contains the study's 10.00" in top["note"]
     assert rows[M.FERTILITY_MAX, "tokenizer Qwen/Qwen3.5-4B-Base: amh_Ethi"]["effect"] == pytest.approx(2.0)

@@ -31,8 +31,8 @@ STUDY_LOWEST = (16, 26)  # ... with the lowest CE in 16 of 26 languages
 ATTN_DELTA_FA = "the attention output stands out at the hybrid's first FA layer (SoftCKA of attn_delta)"
 SWA_FLAT = "sliding-window models show no SoftCKA reorganisation at their first global-attention layer"
 RECENCY = "hybrid FA layers attend more to recent tokens than the dense model's"
-FERTILITY_YOR = "Yoruba costs several times English's tokens (study: 2.6x with Qwen3.5's tokenizer)"
-FERTILITY_MAX = "the most expensive language costs several times English's tokens (study: up to 10x, OLMo)"
+FERTILITY_YOR = "Yoruba costs more tokens than English (study: 2.6x with Qwen3.5's tokenizer)"
+FERTILITY_MAX = "the most expensive language costs more tokens than English (study: up to 10x with OLMo's tokenizer)"
 NIAH_RUNTIME = "hybrids run long-context NIAH faster than dense models"
 TOP_KL = "the same languages gain most KL reduction under both teachers (study: the same top 8)"
 NON_LATIN = "the KL reduction is largest in non-Latin scripts"
@@ -203,9 +203,15 @@ def _fertility_row(finding: str, tok: str, r: dict, study: float, study_tok: str
     if study_tok in tok.lower():
         vs = F._versus_study(lo, hi, study)
         note += f" (study: {study:g}x with this tokenizer" + (f"; {vs})" if vs else ")")
+    effect = ratio - 1.0
+    verdict = (stats.verdict(effect, (lo - 1.0, hi - 1.0), +1) if math.isfinite(lo) and math.isfinite(hi)
+               else stats.INCONCLUSIVE)
     return F._row(F.MULTI, finding, f"tokenizer {tok}: {r['lang']}", "tokens relative to English (ratio of token "
-                  "totals over shared parallel sentences) minus 1", +1, ratio - 1.0, lo - 1.0, hi - 1.0,
-                  "sentences (bootstrap; fixed tokenizer)", 0, "", math.nan, "fertility", note, units="sentences")
+                  "totals over shared parallel sentences) minus 1", +1, effect, lo - 1.0, hi - 1.0,
+                  "sentences (bootstrap; fixed tokenizer)", 0, "", math.nan, "fertility",
+                  "fixed tokenizer: interval over sentences" + ("" if math.isfinite(lo) and math.isfinite(hi) else
+                                                                " (none: no bootstrap)") + "; " + note,
+                  verdict=verdict)
 
 
 def fertility_rows(fertility: pl.DataFrame | None, english: str = F.ENGLISH) -> list[dict]:
