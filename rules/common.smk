@@ -15,7 +15,7 @@ from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.pairs import model_slug
 from hybridlab.plots import figures as _registry
-from hybridlab.train.arms import sr_arm_specs
+from hybridlab.train.arms import sr_arm_specs, sr_score_points
 
 try:
     validate(config)
@@ -356,6 +356,10 @@ def teacher_script(teacher):
 
 # Arms of the Spaced Retrieval study (name -> spec for train_bld_sr.py; hybridlab.train.spaced_retrieval).
 BLD_SR_ARMS = sr_arm_specs(C["experiments"]["bld_sr"]) if BLD_STUDY else {}
+# Score checkpoints every arm saves: the configured ones and the end of every arm's freeze windows.
+SR_SCORE_POINTS = (
+    dict(zip(("score_fractions", "score_updates"), sr_score_points(C["experiments"]["bld_sr"]))) if BLD_STUDY else {}
+)
 
 
 def bld_sr_arms():

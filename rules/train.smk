@@ -113,7 +113,8 @@ rule bld_sr:
                 "arm": BLD_SR_ARMS[wc.arm],
                 "train": C["train"]["bld_sr"],
                 "seed": int(wc.seed),
-                **{k: C["experiments"]["bld_sr"][k] for k in ("mixer", "pattern", "score_fractions")},
+                **{k: C["experiments"]["bld_sr"][k] for k in ("mixer", "pattern")},
+                **SR_SCORE_POINTS,
             }
         ),
         launch=launcher(gpus("bld_sr")),

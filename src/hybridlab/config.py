@@ -151,6 +151,12 @@ def _check_meaning(config: dict) -> None:
                                      "data.parallel_languages (the held-out text is the parallel corpus); add them")
             if preset["data"]["source"] != "hub":
                 raise HybridlabError(f"config: presets.{scale}.data.heldout is for hub presets; remove it")
+        sr_run = (preset.get("train") or {}).get("bld_sr")
+        if sr_run:
+            try:
+                _check_bld_sr(merged_experiments(config, scale)["bld_sr"], sr_run["steps"])
+            except HybridlabError as exc:
+                raise HybridlabError(f"config: presets.{scale}: experiments.bld_sr.{exc}") from None
         sr = preset["data"]["spaced_retrieval"]
         if len(sr["gaps"]) != len(sr["gap_weights"]):
             raise HybridlabError(
@@ -175,6 +181,23 @@ def _check_meaning(config: dict) -> None:
                     f"config: experiments.distill.fa_ratio={config['experiments']['distill']['fa_ratio']} gives "
                     f"{n_fa} full-attention layers of {t['num_hidden_layers']} at scale '{scale}'; choose a ratio "
                     f"giving 1..{t['num_hidden_layers']}")
+
+
+def _check_bld_sr(experiment: dict, steps: int) -> None:
+    """Config checks of `experiments.bld_sr` against a run of `steps` updates (one-line errors): update
+    freeze windows start before the run's end and end by it, score updates lie within it."""
+    for s in experiment.get("freeze_until_updates") or []:
+        if s >= steps:
+            raise HybridlabError(f"freeze_until_updates has {s}, not before the run's end at {steps} updates "
+                                 "(train.bld_sr.steps); lower it or train longer")
+    for s, w in experiment.get("freeze_windows_updates") or []:
+        if w < 1 or s + w > steps:
+            raise HybridlabError(f"freeze_windows_updates has [{s}, {w}]: a window of w >= 1 updates from update "
+                                 f"s must end by the run's {steps} updates (train.bld_sr.steps); fix s or w")
+    for u in experiment.get("score_updates") or []:
+        if u > steps:
+            raise HybridlabError(f"score_updates has {u}, past the run's {steps} updates (train.bld_sr.steps); "
+                                 "lower it or train longer")
 
 
 SEEDED_EXPERIMENTS = ("distill", "bld_sr", "bld_nl")

@@ -180,10 +180,18 @@ class BldSrExperiment:
     freeze_until: list[Fraction] = req("freeze arms: frozen on [0, s) for each s (fraction of total steps)")
     freeze_windows: list[Annotated[list[Fraction], Schema(minItems=2, maxItems=2)]] = req(
         "window arms: frozen from step s for w steps, each [s, w] (fractions of total steps)")
+    freeze_until_updates: list[PosInt] = opt(
+        [], "freeze arms in updates: frozen on updates [0, s) for each s (arm freeze0-<s>u)", uniqueItems=True)
+    freeze_windows_updates: list[Annotated[list[NonNegInt], Schema(minItems=2, maxItems=2)]] = opt(
+        [], "window arms in updates: frozen from update s for w >= 1 updates, each [s, w] (arm window<s>u+<w>u); "
+        "bracket the baseline's retrieval takeover with one window starting before it and one after")
     long_gap_fractions: list[Fraction] = req("long-gap arms: share of long-gap examples in the train mix")
     score_fractions: list[UnitFloat] = req(
         "checkpoints scored by the retrieval-score analysis (fractions of training; 1 = final model)",
         minItems=1, uniqueItems=True)
+    score_updates: list[NonNegInt] = opt(
+        [], "further scored checkpoints, in updates (dense around the retrieval takeover, so it can be located)",
+        uniqueItems=True)
     seeds: Seeds = opt(UNSET, SEEDS_HELP)
 
 

@@ -140,3 +140,24 @@ def test_sr_arm_specs_names_and_windows_by_hand():
                                    "windows": [], "long_gap_fraction": 0.5}
     arms = [SRArm.from_dict(s) for s in specs.values()]
     assert [a.name for a in arms] == list(specs) and arms[-1].long_gap_fraction == 0.5
+
+
+def test_sr_update_arms_and_their_score_points_by_hand():
+    """Freeze arms in updates, their windows read back from the names, and the score checkpoints every arm
+    saves (the configured ones plus the end of each freeze window, in its own unit)."""
+    from hybridlab.train.arms import sr_arm_specs, sr_arm_windows, sr_score_points
+    from hybridlab.train.spaced_retrieval import SRArm
+
+    exp = {"freeze_until": [0.1], "freeze_windows": [[0.2, 0.1]], "freeze_until_updates": [12],
+           "freeze_windows_updates": [[5, 20], [60, 24]], "long_gap_fractions": [], "freeze_scope": "block",
+           "optimizer_after_unfreeze": None, "score_fractions": [0.5, 1.0], "score_updates": [10, 20]}
+    specs = sr_arm_specs(exp)
+    assert list(specs) == ["baseline", "freeze0-0.1", "window0.2+0.1", "freeze0-12u", "window5u+20u",
+                           "window60u+24u"]
+    assert specs["window5u+20u"]["update_windows"] == [[5, 25]] and specs["window5u+20u"]["windows"] == []
+    assert SRArm.from_dict(specs["window60u+24u"]).freeze.update_windows == ((60, 84),)
+    assert sr_score_points(exp) == ([0.1, 0.3, 0.5, 1.0], [10, 12, 20, 25, 84])
+    # 240 updates: fractions rounded half up (0.3 * 240 = 72), updates as written; no window for the baseline
+    assert [sr_arm_windows(a, 240) for a in specs] == [None, [(0, 24)], [(48, 72)], [(0, 12)], [(5, 25)],
+                                                       [(60, 84)]]
+    assert sr_arm_windows("longgap0.5", 240) is None

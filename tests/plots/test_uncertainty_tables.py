@@ -252,10 +252,10 @@ def test_findings_table_effects_cis_and_verdicts():
     half = T975_1 * math.sqrt(0.005) / math.sqrt(2)
     assert comp["effect"] == pytest.approx(0.75) and (comp["ci_lo"], comp["ci_hi"]) == pytest.approx((0.75 - half, 0.75 + half))
     assert comp["verdict"] == "reproduced"
-    mv = get("freezing the recurrent layers", "freeze0-0.2")
+    mv = get("freezing the recurrent layers early", "freeze0-0.2")
     assert mv["effect"] == pytest.approx(0.825) and mv["verdict"] == "reproduced"
-    acc = get("BLD does not cost", "freeze0-0.2")
-    assert acc["effect"] == pytest.approx(0.1)
+    acc = get("freezing the recurrent layers before the takeover", "freeze0-0.2")
+    assert acc["effect"] == pytest.approx(0.1) and acc["expected"] == "+"  # frozen from update 0, takeover at 10
     nl = get("BLD lowers", "kda")
     half = T975_2 * 0.01 / math.sqrt(3)
     assert nl["effect"] == pytest.approx(-0.2) and (nl["ci_lo"], nl["ci_hi"]) == pytest.approx((-0.2 - half, -0.2 + half))

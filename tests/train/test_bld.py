@@ -41,6 +41,21 @@ def test_windows_to_steps_rounds_half_up_and_keeps_one_update():
         FreezeArm("bad", ((0.3, 0.2),))
 
 
+def test_update_windows_are_taken_as_written_and_must_fit_the_run():
+    from hybridlab.train.bld import arm_update_windows
+
+    arm = FreezeArm("w", ((0, 0.1),), update_windows=((5, 25), (60, None)))
+    assert arm_update_windows(arm, 240) == [(0, 24), (5, 25), (60, None)]
+    with pytest.raises(HybridlabError, match=r"update window \[230, 250\) does not fit a run of 240 updates"):
+        arm_update_windows(FreezeArm("w", update_windows=((230, 250),)), 240)
+    with pytest.raises(HybridlabError, match="does not fit"):
+        arm_update_windows(FreezeArm("w", update_windows=((240, None),)), 240)
+    with pytest.raises(HybridlabError, match="whole updates with 0 <= start < end"):
+        FreezeArm("w", update_windows=((5, 5),))
+    with pytest.raises(HybridlabError, match="whole updates"):
+        FreezeArm("w", update_windows=((0.5, 2),))
+
+
 def test_layer_sites_and_plan_select_exactly_the_recurrent_blocks():
     model = tiny_model()
     sites = layer_sites(model)

@@ -203,8 +203,8 @@ def test_train_bld_sr_publishes_score_checkpoints_and_summary(tmp_path):
     cfg = sr.SpacedRetrievalConfig(t=3, gaps=(2, 6), gap_weights=(0.5, 0.5), n_train=32, n_val=8, n_test=8, seed=0)
     for split in sr.SPLITS:
         sr.write_split(tmp_path / "data" / f"{split}.parquet", sr.generate_split(cfg, split), split=split, seed=0)
-    params = {"seed": 0, "arm": {"name": "freeze0-0.5", "windows": [[0, 0.5]]}, "mixer": "kda",
-              "pattern": ["mixer", "full_attention"], "score_fractions": [0.5, 1.0],
+    params = {"seed": 0, "arm": {"name": "window1u+2u", "update_windows": [[1, 3]]}, "mixer": "kda",
+              "pattern": ["mixer", "full_attention"], "score_fractions": [0.5, 1.0], "score_updates": [3],
               "train": {"model": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2,
                                   "head_dim": 8, "intermediate_size": 32},
                         "steps": 4, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "log_every": 1,
@@ -215,15 +215,19 @@ def test_train_bld_sr_publishes_score_checkpoints_and_summary(tmp_path):
     assert set(summary) == {"arm", "seed", "parameters", "steps", "tokens", "layer_types", "freeze_windows",
                             "freeze_scope", "recurrent_layers", "optimizer_switch_step", "long_gap_fraction", "test",
                             "wall_s"}
-    assert summary["steps"] == 4 and summary["freeze_windows"] == [(0, 2)] and summary["layer_types"] == [
+    assert summary["steps"] == 4 and summary["freeze_windows"] == [(1, 3)] and summary["layer_types"] == [
         "kda", "full_attention"]
     assert set(summary["test"]) == {"acc/gap2", "acc/gap6", "seq_acc/gap2", "seq_acc/gap6"}
     index = json.loads((out / "score_checkpoints" / "index.json").read_text())
     assert [(c["step"], c["path"]) for c in index["checkpoints"]] == [
-        (2, "score_checkpoints/step_000002"), (4, "score_checkpoints/step_000004")]
+        (2, "score_checkpoints/step_000002"), (3, "score_checkpoints/step_000003"),
+        (4, "score_checkpoints/step_000004")]
     assert all((out / c["path"] / "model.safetensors").is_file() for c in index["checkpoints"])
     metrics = pl.read_parquet(out / "metrics.parquet")
     assert {"acc/gap2", "seq_acc/gap6", "eval/acc/gap2", "grad_norm/kda"} <= set(metrics.columns)
+    # updates 1 and 2 frozen, logged at steps 2 and 3: the KDA mixer gets no gradient exactly there
+    assert metrics["frozen"].to_list() == [False, True, True, False]
+    assert [g == 0.0 for g in metrics["grad_norm/kda"]] == [False, True, True, False]
 
 
 def test_train_bld_nl_publishes_the_arm_with_its_tokenizer(corpus, tmp_path):

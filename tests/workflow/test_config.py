@@ -92,6 +92,33 @@ def test_gap_weights_must_match_gaps(base):
     assert "gap_weights" in _err(c)
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("freeze_until_updates", [240],
+     "config: presets.tiny: experiments.bld_sr.freeze_until_updates has 240, not before the run's end at 240 "
+     "updates (train.bld_sr.steps); lower it or train longer"),
+    ("freeze_windows_updates", [[230, 20]],
+     "config: presets.tiny: experiments.bld_sr.freeze_windows_updates has [230, 20]: a window of w >= 1 updates "
+     "from update s must end by the run's 240 updates (train.bld_sr.steps); fix s or w"),
+    ("freeze_windows_updates", [[5, 0]],
+     "config: presets.tiny: experiments.bld_sr.freeze_windows_updates has [5, 0]: a window of w >= 1 updates "
+     "from update s must end by the run's 240 updates (train.bld_sr.steps); fix s or w"),
+    ("score_updates", [10, 300],
+     "config: presets.tiny: experiments.bld_sr.score_updates has 300, past the run's 240 updates "
+     "(train.bld_sr.steps); lower it or train longer"),
+    ("freeze_until_updates", [0],
+     "presets.tiny.experiments overrides: config: experiments.bld_sr.freeze_until_updates[0] = 0 is out of range "
+     "(minimum 1)"),
+    ("freeze_windows_updates", [[5]],
+     "presets.tiny.experiments overrides: config: experiments.bld_sr.freeze_windows_updates[0] has 1 items "
+     "(minItems 2)"),
+])
+def test_bld_sr_freeze_updates_must_fit_the_run_one_line(base, key, value, message):
+    """Freeze starts and score checkpoints in updates are checked against the preset's train.bld_sr.steps."""
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["experiments"]["bld_sr"][key] = value
+    assert _err(c) == message
+
+
 def test_fa_ratio_giving_no_attention_layer(base):
     c = copy.deepcopy(base)
     c["experiments"]["distill"]["fa_ratio"] = 0.05

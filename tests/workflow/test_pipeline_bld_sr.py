@@ -9,7 +9,7 @@ import yaml
 from smoke import build, run_snakemake
 
 from hybridlab.config import resolve
-from hybridlab.train.bld import windows_to_steps
+from hybridlab.train.arms import sr_arm_specs, sr_arm_windows, sr_score_points
 from hybridlab.train.spaced_retrieval import score_steps
 
 
@@ -24,12 +24,11 @@ def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
 
     root = work / "results/train/smoke/bld_sr/seed0"
     arms = sorted(p.name for p in root.iterdir() if p.is_dir())
-    expected = (["baseline"] + [f"freeze0-{s:g}" for s in exp["freeze_until"]]
-                + [f"window{s:g}+{w:g}" for s, w in exp["freeze_windows"]]
-                + [f"longgap{f:g}" for f in exp["long_gap_fractions"]])
-    assert arms == sorted(expected)
+    expected = list(sr_arm_specs(exp))
+    assert arms == sorted(expected) and len(expected) == 4  # one arm of each kind (config.yaml, smoke)
     steps = run["steps"]
-    ckpt_steps = score_steps(exp["score_fractions"], steps)
+    fractions, updates = sr_score_points(exp)
+    ckpt_steps = score_steps(fractions, steps, updates)
     for arm in arms:
         d = root / arm
         for f in ("config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"):
@@ -47,15 +46,17 @@ def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
         summary = json.loads((d / "summary.json").read_text())
         assert set(summary["test"]) == {"acc/gap8", "acc/gap32", "seq_acc/gap8", "seq_acc/gap32"}
 
-    # Freezing: the recurrent blocks get no gradient exactly during the window, attention always does.
-    windows = {f"freeze0-{s:g}": (0, s) for s in exp["freeze_until"]}
-    windows.update({f"window{s:g}+{w:g}": (s, s + w) for s, w in exp["freeze_windows"]})
-    for arm, window in windows.items():
-        [(start, end)] = windows_to_steps([window], steps)
+    # Freezing: the recurrent blocks get no gradient exactly during the window, attention always does; every
+    # arm saves a score checkpoint at the end of every window (the model after its last frozen update).
+    windows = {a: sr_arm_windows(a, steps) for a in expected if sr_arm_windows(a, steps)}
+    assert len(windows) == 2 and any(a.endswith("u") for a in windows)  # a fraction arm and an update arm
+    for arm, [(start, end)] in windows.items():
+        assert end in ckpt_steps
         m = pl.read_parquet(root / arm / "metrics.parquet")
         kda = m["grad_norm/kda"].to_list()
         frozen = [i for i, v in enumerate(kda) if v == 0.0]  # update index = step - 1
         assert frozen == list(range(start, end)), (arm, kda)
+        assert [i for i, f in enumerate(m["frozen"].to_list()) if f] == frozen
         assert min(m["grad_norm/full_attention"].to_list()) > 0
     assert min(pl.read_parquet(root / "baseline" / "metrics.parquet")["grad_norm/kda"].to_list()) > 0
 

@@ -749,7 +749,8 @@ CAPTIONS = {
     "fig_sr_longgap": "Spaced Retrieval long-gap sweep: final validation accuracy per gap vs the fraction of "
                       "long-gap examples in training. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_retrieval_score": "Layer Retrieval Ability Score by activation patching, per layer, over training "
-                           "(baseline vs arms that freeze the recurrent layers early). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
+                           "(baseline, arms freezing the recurrent layers before or after the takeover, long-gap "
+                           "sweep). Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_bld_nl_loss": "BLD on natural language: training loss and held-out CE vs tokens; colour = mixer, "
                        "solid = BLD (recurrent layers frozen early), dashed = baseline. Lines: mean over replicate seeds; bands: 95 % t-interval across seeds (none with one seed).",
     "fig_position_loss": "Mean loss by token-position bucket on long documents, BLD vs baseline per mixer. "

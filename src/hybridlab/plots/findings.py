@@ -4,7 +4,9 @@ CI and a verdict (docs/methods.md "Findings table").
 One row per finding and comparison. `effect` is the point estimate (its sign convention is in `effect`'s
 definition per finding, `expected` the sign the study reports); `ci_lo` / `ci_hi` the 95 % interval named in
 `ci_over`; `n_seeds` the training seeds run for the arms (0 for published models, which this DAG does not
-train), `n_censored` the seeds whose tokens-to-target is censored. Verdict rules (`decide`):
+train), `n_censored` the seeds whose tokens-to-target is censored, `n_undefined` the seeds run whose effect is
+undefined (e.g. a retrieval score the model cannot give yet; they are left out of the interval, not dropped
+silently). Verdict rules (`decide`):
 
 - arms the DAG trains: `stats.verdict(effect, ci, expected)` ("reproduced" / "contradicted" /
   "inconclusive") when the interval is across >= 2 seeds; an interval over evaluation units of ONE
@@ -35,7 +37,8 @@ from hybridlab.plots import uncertainty as U
 FA_FIRST = ("reverse_periodic", "sandwich", "interleaved_sandwich", "endpoint_spread")
 COLUMNS = {"study": pl.String, "finding": pl.String, "comparison": pl.String, "effect_definition": pl.String,
            "expected": pl.String, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
-           "ci_over": pl.String, "n_seeds": pl.Int64, "n_censored": pl.Int64, "test": pl.String,
+           "ci_over": pl.String, "n_seeds": pl.Int64, "n_censored": pl.Int64, "n_undefined": pl.Int64,
+           "test": pl.String,
            "p_value": pl.Float64, "verdict": pl.String, "note": pl.String, "source": pl.String}
 MULTI, BLD = "multilinguality", "competing learning (BLD)"
 ENGLISH = "eng_Latn"
@@ -59,15 +62,17 @@ def decide(effect: float, lo: float, hi: float, expected: int, n_seeds: int,
 
 
 def _row(study, finding, comparison, definition, expected, effect, lo, hi, ci_over, n_seeds, test, p, source,
-         note="", *, units=None, verdict=None, n_censored=0):
-    """One findings row; `verdict` given: already decided by the caller (its reason is in `note`)."""
+         note="", *, units=None, verdict=None, n_censored=0, n_undefined=0):
+    """One findings row; `verdict` given: already decided by the caller (its reason is in `note`); `expected`
+    0: the study's sign is not known for this comparison (shown empty; the caller decides the verdict)."""
     if verdict is None:
         v, why = decide(effect, lo, hi, expected, n_seeds, units)
     else:
         v, why = verdict, ""
     return {"study": study, "finding": finding, "comparison": comparison, "effect_definition": definition,
-            "expected": "+" if expected > 0 else "-", "effect": effect, "ci_lo": lo, "ci_hi": hi, "ci_over": ci_over,
-            "n_seeds": n_seeds, "n_censored": n_censored, "test": test, "p_value": p, "verdict": v,
+            "expected": "+" if expected > 0 else "-" if expected < 0 else "", "effect": effect, "ci_lo": lo,
+            "ci_hi": hi, "ci_over": ci_over, "n_seeds": n_seeds, "n_censored": n_censored, "n_undefined": n_undefined,
+            "test": test, "p_value": p, "verdict": v,
             "note": "; ".join(x for x in (why, note) if x), "source": source}
 
 
@@ -543,46 +548,9 @@ def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:
 
 
 def _bld_sr_rows(score: pl.DataFrame, sr_runs: pl.DataFrame) -> list[dict]:
-    out = []
-    final = U.final_retrieval_scores(score).filter(pl.col("score").is_not_nan())
-    best = final.with_columns(kind=pl.when(pl.col("layer_type") == "full_attention").then(pl.lit("attention"))
-                              .otherwise(pl.lit("recurrent"))).group_by(["arm", "seed", "kind"]).agg(
-        pl.col("score").max())
-    wide = best.pivot(on="kind", index=["arm", "seed"], values="score")
-    arms = sorted(wide["arm"].unique().to_list())
-    if "baseline" in arms and {"attention", "recurrent"} <= set(wide.columns):
-        b = wide.filter(pl.col("arm") == "baseline").sort("seed")
-        d = (b["recurrent"] - b["attention"]).to_list()
-        e, lo, hi, n = _spread(d)
-        out.append(_row(BLD, "without BLD the recurrent layers take the retrieval (competing learning)", "baseline",
-                        "final retrieval score: best recurrent layer minus best attention layer", +1, e, lo, hi,
-                        "seeds (t-interval)", n, "sign test over seeds", _sign_p(d), "table_retrieval_score"))
-        freeze = [a for a in arms if a.startswith(("freeze", "window"))]
-        for arm in freeze:
-            j = wide.filter(pl.col("arm") == arm).select("seed", a="attention").join(
-                b.select("seed", b="attention"), on="seed", nulls_equal=True)
-            d = [x - y for x, y in j.select("a", "b").iter_rows() if x is not None and y is not None]
-            e, lo, hi, n = _spread(d)
-            out.append(_row(BLD, "freezing the recurrent layers early moves the retrieval to attention",
-                            f"{arm} vs baseline", "final retrieval score of the best attention layer, arm minus "
-                            "baseline (same seed)", +1, e, lo, hi, "seeds (t-interval)", n, "sign test over seeds",
-                            _sign_p(d), "table_retrieval_score"))
-    acc = U.sr_accuracy_table(sr_runs) if sr_runs is not None else None
-    if acc is not None:
-        df = sr_runs if "seed" in sr_runs.columns else sr_runs.with_columns(seed=pl.lit(None, pl.Int64))
-        cols = sorted(c for c in df.columns if c.startswith("eval/acc/gap"))
-        last = (df.select("run", "seed", "step", *cols).unpivot(index=["run", "seed", "step"], on=cols)
-                .drop_nulls("value").sort("step").group_by(["run", "seed", "variable"]).agg(pl.col("value").last())
-                .group_by(["run", "seed"]).agg(acc=pl.col("value").mean()))
-        b = last.filter(pl.col("run") == "baseline").select("seed", b="acc")
-        for arm in sorted(a for a in last["run"].unique().to_list() if a.startswith(("freeze", "window"))):
-            j = last.filter(pl.col("run") == arm).select("seed", a="acc").join(b, on="seed", nulls_equal=True)
-            d = [x - y for x, y in j.select("a", "b").iter_rows()]
-            e, lo, hi, n = _spread(d)
-            out.append(_row(BLD, "BLD does not cost Spaced Retrieval accuracy (it improves it)", f"{arm} vs baseline",
-                            "final validation accuracy (mean over gaps), arm minus baseline (same seed)", +1, e, lo,
-                            hi, "seeds (t-interval)", n, "sign test over seeds", _sign_p(d), "table_sr_accuracy"))
-    return out
+    from hybridlab.plots.findings_bld import bld_sr_rows
+
+    return bld_sr_rows(score, sr_runs)
 
 
 def _bld_nl_rows(nl_runs: pl.DataFrame) -> list[dict]:

@@ -20,7 +20,10 @@ Definitions:
 - **Windows.** An arm lists windows `(start, end)` as *fractions of the total update count N*; they
   become update windows `[round(start*N), max(start_step + 1, round(end*N)))` (half-up rounding,
   at least one update long, `end=None`: frozen until the end). `(0, s)` is BLD's frozen start,
-  `(s, s + w)` a window in the middle. The layers are frozen during update `u` iff `u` is in a window
+  `(s, s + w)` a window in the middle. An arm may also list `update_windows`, `(start, end)` in
+  updates, taken as they are (the study states its freeze points as step counts, so a freeze before
+  the retrieval takeover is the same update count at any run length); a window must start before N
+  and end by N. The layers are frozen during update `u` iff `u` is in a window
   (see `hybridlab.train.freeze.FreezeSchedule`; step numbering as in `hybridlab.train.config`).
 - **Optimiser switch.** With `optimizer_after_unfreeze` set, the loop switches optimiser family at
   the end of the last bounded window (the update at which the recurrent layers are released, as in
@@ -34,12 +37,12 @@ Definitions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Callable, Sequence
 
 from torch import nn
 
 from hybridlab.errors import HybridlabError
+from hybridlab.train.arms import windows_to_steps
 from hybridlab.train.freeze import FreezeSchedule
 
 SCOPES = ("mixer", "block")
@@ -60,15 +63,25 @@ class LayerSite:
 
 @dataclass(frozen=True)
 class FreezeArm:
-    """A named freezing recipe; windows are (start, end) fractions of training (end None = to the end)."""
+    """A named freezing recipe; windows are (start, end) fractions of training (end None = to the end),
+    update_windows (start, end) update counts."""
 
     name: str
     windows: tuple[tuple[float, float | None], ...] = ()
     scope: str = "block"
     optimizer_after_unfreeze: str | None = None
+    update_windows: tuple[tuple[int, int | None], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "windows", tuple((float(s), None if e is None else float(e)) for s, e in self.windows))
+        for w in self.update_windows:
+            s, e = w
+            if (not isinstance(s, int) or isinstance(s, bool) or s < 0
+                    or (e is not None and (not isinstance(e, int) or isinstance(e, bool) or e <= s))):
+                raise HybridlabError(
+                    f"BLD arm {self.name!r}: update window {list(w)} must be whole updates with 0 <= start < end "
+                    "(end null = until the end)")
+        object.__setattr__(self, "update_windows", tuple((s, e) for s, e in self.update_windows))
         if self.scope not in SCOPES:
             raise HybridlabError(f"BLD arm {self.name!r}: scope={self.scope!r}; use one of {SCOPES}")
         if self.optimizer_after_unfreeze is not None and self.optimizer_after_unfreeze not in OPTIMIZERS:
@@ -107,24 +120,16 @@ class BLDPlan:
         return any(s <= step and (e is None or step < e) for s, e in self.windows)
 
 
-def _round_half_up(x: Fraction) -> int:
-    return int((x + Fraction(1, 2)).__floor__())
-
-
-def windows_to_steps(windows: Sequence[tuple[float, float | None]], total_steps: int) -> list[tuple[int, int | None]]:
-    """Fraction windows -> update windows (see module docstring); exact rational arithmetic."""
-    if total_steps < 1:
-        raise HybridlabError(f"total_steps={total_steps} must be >= 1")
-    out = []
-    for s, e in windows:
-        start = _round_half_up(Fraction(str(s)) * total_steps)
-        if start >= total_steps:
+def arm_update_windows(arm: FreezeArm, total_steps: int) -> list[tuple[int, int | None]]:
+    """Every update window of `arm` in a run of `total_steps` updates: its fraction windows
+    (`windows_to_steps`) then its update windows, which must start before and end by `total_steps`."""
+    out = windows_to_steps(arm.windows, total_steps)
+    for s, e in arm.update_windows:
+        if s >= total_steps or (e is not None and e > total_steps):
             raise HybridlabError(
-                f"freeze window ({s:g}, {e}) starts at update {start} of {total_steps}; it never freezes anything, "
-                "start it earlier or train longer"
-            )
-        end = None if e is None else max(start + 1, _round_half_up(Fraction(str(e)) * total_steps))
-        out.append((start, end))
+                f"BLD arm {arm.name!r}: update window [{s}, {e}) does not fit a run of {total_steps} updates; "
+                "start it earlier, shorten it or train longer")
+        out.append((s, e))
     return out
 
 
@@ -180,7 +185,7 @@ def plan_bld(
     """Freeze schedules and optimiser switch of `arm` for a run of `total_steps` updates of `model`."""
     sites = layer_sites(model)
     rec = [s for s in sites if recurrent(s)]
-    windows = windows_to_steps(arm.windows, total_steps)
+    windows = arm_update_windows(arm, total_steps)
     if windows and not rec:
         raise HybridlabError(
             f"BLD arm {arm.name!r} freezes recurrent layers but the model has none (layer kinds "

@@ -301,13 +301,14 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
                  threads: int | None = None) -> dict:
     """Train one arm of BLD on Spaced Retrieval (2 KDA + 2 attention layers, loss on the answer digits).
 
-    The arm says which recurrent blocks freeze when (fractions of training) and, optionally, the long-gap
-    share of the train mix (the split is resampled; `hybridlab.train.spaced_retrieval`). `data` holds the
+    The arm says which recurrent blocks freeze when (fractions of training or updates) and, optionally, the
+    long-gap share of the train mix (the split is resampled; `hybridlab.train.spaced_retrieval`). `data` holds the
     splits (train/val/test.parquet); `threads` sets torch's CPU threads (None: torch's choice). Writes `out`:
 
     - ``config.json``, ``model.safetensors``, ``hybrid.json``: the final model (`save_hybrid` layout);
     - ``metrics.parquet``: per logged step loss, lr, gradient norms (total, per layer and per mixer type:
-      ``grad_norm/layer<i>/<kind>``, ``grad_norm/<kind>``), per-gap train accuracy (``acc/gap<g>``,
+      ``grad_norm/layer<i>/<kind>``, ``grad_norm/<kind>``), ``frozen`` (the recurrent layers were frozen
+      during the logged update), per-gap train accuracy (``acc/gap<g>``,
       ``seq_acc/gap<g>``, from the count columns ``sr/...``) and, every `eval_every` steps, validation
       accuracy per gap (``eval/acc/gap<g>``, ``eval/seq_acc/gap<g>``);
     - ``score_checkpoints/step_<step, 6 digits>/`` (`save_hybrid` layout) at the configured fractions of
@@ -320,13 +321,15 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     params keys:
       seed              int
       arm               the arm (`SRArm.from_dict`): name, windows ([[start, end], ...] fractions of
-                        training with the recurrent blocks frozen), scope ("block" or "mixer"),
-                        optimizer_after_unfreeze (optional), long_gap_fraction (optional)
+                        training with the recurrent blocks frozen), update_windows (the same in updates,
+                        optional), scope ("block" or "mixer"), optimizer_after_unfreeze (optional),
+                        long_gap_fraction (optional)
       pattern           one entry per layer, "mixer" or "full_attention"; mixer: the recurrent mixer kind
       train             TrainConfig fields (steps, micro_batch_size, lr, eval_every, ...) plus model (the
                         SRModelConfig shape, optional mixer_chunk_size) and eval_rows_per_gap (validation
                         examples per gap at each evaluation; 0 = the whole split)
       score_fractions   fractions of training at which score checkpoints are saved
+      score_updates     update counts at which score checkpoints are saved as well (optional)
     """
     import polars as pl
     import torch
@@ -368,7 +371,7 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     work = work_dir(work, params, [data], restart=restart, is_main=is_main())
     cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": seed, **run, **plan.train_config_overrides()})
 
-    score_at = srt.score_steps(params["score_fractions"], steps)
+    score_at = srt.score_steps(params["score_fractions"], steps, params.get("score_updates", ()))
     ckpt = srt.ScoreCheckpointer(str(work / "score_checkpoints"), score_at)
     val = srt.take_per_gap(splits["val"], eval_rows) if eval_rows else splits["val"]
 
@@ -399,6 +402,9 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     with atomic_dir(out) as tmp:
         save_hybrid(model, tmp)
         metrics = srt.add_accuracy_columns(pl.read_parquet(result.metrics_path), gaps)
+        # row `step` logs update step - 1 (hybridlab.train.config): frozen exactly when that update was
+        metrics = metrics.with_columns(frozen=pl.Series([plan.frozen_at(s - 1) for s in metrics["step"]],
+                                                        dtype=pl.Boolean))
         metrics.write_parquet(tmp / "metrics.parquet")
         shutil.copytree(work / "score_checkpoints", tmp / "score_checkpoints")
         (tmp / "score_checkpoints" / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))

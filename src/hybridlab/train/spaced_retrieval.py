@@ -27,9 +27,11 @@ Definitions (this project's):
   longest gap and the rest from the pool of all shorter-gap examples (so their mutual mix follows
   the split's). Each pool is used whole (shuffled) as often as it fits and then sampled without
   replacement for the remainder, seeded, so only the mix changes, not the examples' distribution.
-- **Score checkpoints.** `score_steps(fractions, N)` = `round_half_up(f * N)` for each fraction of
-  training (0 = the initial model, 1 = the final one); the trainer saves the model *before* update
-  `s` (i.e. after s updates) in `save_hybrid` layout for the retrieval-score analysis.
+- **Score checkpoints.** `score_steps(fractions, N, updates)` = `round_half_up(f * N)` for each fraction
+  of training (0 = the initial model, 1 = the final one) and each listed update count; the trainer saves
+  the model *before* update `s` (i.e. after s updates) in `save_hybrid` layout for the retrieval-score
+  analysis. Every arm of a study gets the same steps (`hybridlab.train.arms.sr_score_points`), which
+  include the end of every arm's freeze windows, so arms are compared at the same steps.
 """
 
 from __future__ import annotations
@@ -234,8 +236,9 @@ class SRArm:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SRArm":
-        """From `{"name", "windows": [[s, e], ...], "long_gap_fraction", "scope", "optimizer_after_unfreeze"}`."""
-        known = {"name", "windows", "long_gap_fraction", "scope", "optimizer_after_unfreeze"}
+        """From `{"name", "windows": [[s, e], ...] (fractions), "update_windows": [[s, e], ...] (updates),
+        "long_gap_fraction", "scope", "optimizer_after_unfreeze"}`."""
+        known = {"name", "windows", "update_windows", "long_gap_fraction", "scope", "optimizer_after_unfreeze"}
         unknown = sorted(set(d) - known)
         if unknown or "name" not in d:
             raise HybridlabError(f"bld_sr arm spec {d!r}: needs 'name'; allowed keys {sorted(known)}")
@@ -243,7 +246,7 @@ class SRArm:
         if f is not None and not 0 <= f <= 1:
             raise HybridlabError(f"bld_sr arm {d['name']!r}: long_gap_fraction={f} must be in [0, 1]")
         freeze = FreezeArm(d["name"], tuple(tuple(w) for w in d.get("windows", ())), d.get("scope", "block"),
-                           d.get("optimizer_after_unfreeze"))
+                           d.get("optimizer_after_unfreeze"), tuple(tuple(w) for w in d.get("update_windows", ())))
         return cls(freeze, None if f is None else float(f))
 
 
@@ -276,13 +279,19 @@ def _draw(pool: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def score_steps(fractions: Sequence[float], total_steps: int) -> list[int]:
-    """Update counts at which score checkpoints are taken (sorted, unique)."""
+def score_steps(fractions: Sequence[float], total_steps: int, updates: Sequence[int] = ()) -> list[int]:
+    """Update counts at which score checkpoints are taken (sorted, unique): the fractions of training
+    (rounded half up) and the given update counts."""
     out = set()
     for f in fractions:
         if not 0 <= f <= 1:
             raise HybridlabError(f"score checkpoint fraction {f} must be in [0, 1]")
         out.add(int((Fraction(str(f)) * total_steps + Fraction(1, 2)).__floor__()))
+    for u in updates:
+        if not 0 <= u <= total_steps:
+            raise HybridlabError(f"score checkpoint at update {u} is outside the run of {total_steps} updates; "
+                                 "lower it or train longer")
+        out.add(int(u))
     return sorted(out)
 
 

@@ -1,0 +1,271 @@
+"""The competing-learning (BLD) rows of the findings table (`hybridlab.plots.findings`; docs/methods.md
+"Findings table", "BLD on Spaced Retrieval findings").
+
+Spaced Retrieval (BLD-SR), read from the retrieval-score table (per arm, seed, score checkpoint, layer and
+gap) and the arms' training metrics:
+
+- **Best layer of a kind** at a checkpoint: a layer's score is its mean over the gaps where it is defined;
+  the best recurrent / attention layer is the maximum over the layers of that kind. The score's
+  denominator is shared by the layers of one gap, so a checkpoint has either both kinds or neither.
+- **Takeover** (per baseline seed): the first checkpoint after the initial one at which the best recurrent
+  layer's score exceeds the best attention layer's. Undefined when no checkpoint after the first has a
+  defined score; "none" when the recurrent layers never lead.
+- **Early / late freeze** (per arm and seed): an arm whose first freeze window starts before the seed's
+  takeover update (or in a seed without a takeover) freezes early, one starting at or after it late. The
+  study: freezing before the takeover (about update 125) helps, later hurts. An arm early in some seeds
+  and late in others has no expected sign (its rows are inconclusive, with the takeovers in the note).
+- **Taking the retrieval first**: per baseline seed, at the first checkpoint at which some layer's score
+  reaches `TAKE_LEVEL`, best recurrent minus best attention layer.
+
+Every per-seed effect is paired with the baseline of the same seed; a seed whose effect is undefined (no
+defined score where the effect is read, no frozen logged update) is counted in `n_undefined` and named in
+the note, and the interval is over the other seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import polars as pl
+
+from hybridlab.eval import stats
+from hybridlab.plots import findings as F
+from hybridlab.plots import uncertainty as U
+from hybridlab.train.arms import sr_arm_windows
+
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+ATTENTION, RECURRENT = "attention", "recurrent"
+BASELINE = "baseline"
+TAKE_LEVEL = 0.5  # a layer "takes" the retrieval when patching it alone moves half the A -> B margin
+STUDY_TAKEOVER = 125  # the study: the recurrent layers take the retrieval near update 125
+STUDY_GRAD_RATIO = 10.0  # the study: attention's gradient norm about 10x while the recurrent layers are frozen
+ATTENTION_GRAD = "grad_norm/full_attention"
+SEEDS = "seeds (t-interval)"
+SIGN = "sign test over seeds"
+EARLY, LATE = "early", "late"
+_ARM = re.compile(r"(freeze|window)")
+
+
+def _with_seed(df: pl.DataFrame) -> pl.DataFrame:
+    return df if "seed" in df.columns else df.with_columns(seed=pl.lit(None, pl.Int64))
+
+
+def best_by_checkpoint(score: pl.DataFrame) -> pl.DataFrame:
+    """One row per (arm, seed, step): `attention` and `recurrent`, the best layer of each kind (null where
+    no gap has a defined score)."""
+    df = _with_seed(score)
+    steps = df.select("arm", "seed", "step").unique()
+    per_layer = (df.filter(pl.col("score").is_not_nan() & pl.col("score").is_not_null())
+                 .group_by(["arm", "seed", "step", "layer", "layer_type"]).agg(pl.col("score").mean())
+                 .with_columns(kind=pl.when(pl.col("layer_type").is_in(ATTENTION_KINDS)).then(pl.lit(ATTENTION))
+                               .otherwise(pl.lit(RECURRENT))))
+    best = per_layer.group_by(["arm", "seed", "step", "kind"]).agg(pl.col("score").max())
+    out = steps
+    for kind in (ATTENTION, RECURRENT):
+        part = best.filter(pl.col("kind") == kind).select("arm", "seed", "step", pl.col("score").alias(kind))
+        out = out.join(part, on=["arm", "seed", "step"], how="left", nulls_equal=True)
+    return out.sort(["arm", "seed", "step"])
+
+
+def _defined(r: dict) -> bool:
+    return r[ATTENTION] is not None and r[RECURRENT] is not None
+
+
+def takeovers(best: pl.DataFrame) -> dict:
+    """{seed: takeover update, None (the recurrent layers never lead) or "undefined"} of the baseline."""
+    out: dict = {}
+    base = best.filter(pl.col("arm") == BASELINE)
+    for (seed,), g in base.sort("step").group_by(["seed"], maintain_order=True):
+        rows = [r for r in g.iter_rows(named=True) if r["step"] > 0 and _defined(r)]
+        if not rows:
+            out[seed] = "undefined"
+            continue
+        out[seed] = next((r["step"] for r in rows if r[RECURRENT] > r[ATTENTION]), None)
+    return out
+
+
+def freeze_timing(start: int, takeover) -> str | None:
+    """EARLY when the freeze starts before the takeover update (or the recurrent layers never take the
+    retrieval), LATE at or after it, None when the takeover is undefined."""
+    if takeover == "undefined":
+        return None
+    return EARLY if takeover is None or start < takeover else LATE
+
+
+def arm_expectation(timings: list) -> int:
+    """+1 when every seed freezes early, -1 when every seed freezes late, 0 otherwise (mixed or unknown)."""
+    known = set(timings)
+    if known == {EARLY}:
+        return +1
+    if known == {LATE}:
+        return -1
+    return 0
+
+
+def _seed_name(seed) -> str:
+    return "the unseeded run" if seed is None else f"seed {seed}"
+
+
+def _takeover_words(tk: dict) -> str:
+    def one(v):
+        return "undefined" if v == "undefined" else "none" if v is None else f"update {v}"
+    return ("takeover " + ", ".join(f"{_seed_name(s)}: {one(v)}" for s, v in sorted(tk.items(), key=lambda x: str(x[0])))
+            + f" (study: about update {STUDY_TAKEOVER})")
+
+
+def _seed_row(finding, comparison, definition, expected, per_seed: dict, source, why_undefined: str, note="",
+              transform=None):
+    """A findings row from {seed: value or None}: mean and t-interval over the defined seeds, sign test,
+    `n_seeds` = seeds run, `n_undefined` = seeds without a value (named in the note). `expected` 0: no
+    expected sign, inconclusive."""
+    values = [v for v in per_seed.values() if v is not None and math.isfinite(v)]
+    undefined = [s for s, v in per_seed.items() if v is None or not math.isfinite(v)]
+    e, lo, hi, _ = F._spread(values)
+    notes = [note] if note else []
+    if undefined:
+        notes.append(", ".join(_seed_name(s) for s in sorted(undefined, key=str)) + f" undefined ({why_undefined})")
+    if transform:
+        notes.append(transform(e, lo, hi))
+    verdict = None
+    if expected == 0:
+        verdict = stats.INCONCLUSIVE
+    elif len(per_seed) >= 2 and len(values) < 2:
+        verdict = stats.INCONCLUSIVE
+        notes.insert(0, "fewer than two seeds with a defined value")
+    return F._row(F.BLD, finding, comparison, definition, expected, e, lo, hi, SEEDS, len(per_seed), SIGN,
+                  F._sign_p(values), source, "; ".join(notes), verdict=verdict, n_undefined=len(undefined))
+
+
+def _total_steps(sr_runs: pl.DataFrame) -> dict:
+    return {(r["run"], r["seed"]): r["step"] for r in _with_seed(sr_runs).group_by(["run", "seed"])
+            .agg(pl.col("step").max()).iter_rows(named=True)}
+
+
+def _final_accuracy(sr_runs: pl.DataFrame) -> dict:
+    """{(run, seed): last validation accuracy, mean over gaps}."""
+    df = _with_seed(sr_runs)
+    cols = sorted(c for c in df.columns if c.startswith("eval/acc/gap"))
+    if not cols:
+        return {}
+    last = (df.select("run", "seed", "step", *cols).unpivot(index=["run", "seed", "step"], on=cols)
+            .drop_nulls("value").sort("step").group_by(["run", "seed", "variable"]).agg(pl.col("value").last())
+            .group_by(["run", "seed"]).agg(acc=pl.col("value").mean()))
+    return {(r["run"], r["seed"]): r["acc"] for r in last.iter_rows(named=True)}
+
+
+def _grad_ratio(sr_runs: pl.DataFrame, arm: str, seed, windows) -> float | None:
+    """Mean attention gradient norm over the arm's logged frozen updates over the baseline's on the same
+    updates (same seed); None without such an update or column."""
+    df = _with_seed(sr_runs)
+    if ATTENTION_GRAD not in df.columns:
+        return None
+    # row `step` logs update step - 1: frozen when start <= step - 1 < end
+    frozen = pl.any_horizontal([(pl.col("step") > s) & (pl.col("step") <= e) for s, e in windows])
+    pick = df.filter(frozen & pl.col(ATTENTION_GRAD).is_not_null()).select("run", "seed", "step", ATTENTION_GRAD)
+    a = pick.filter((pl.col("run") == arm) & (pl.col("seed").eq_missing(seed)))
+    b = pick.filter((pl.col("run") == BASELINE) & (pl.col("seed").eq_missing(seed)))
+    j = a.join(b, on="step", suffix="_b")
+    if j.is_empty():
+        return None
+    num, den = j[ATTENTION_GRAD].mean(), j[f"{ATTENTION_GRAD}_b"].mean()
+    return num / den if den and den > 0 else None
+
+
+def _ratio_words(e, lo, hi) -> str:
+    if not math.isfinite(e):
+        return ""
+    ci = f" [{10 ** lo:.2g}, {10 ** hi:.2g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return f"geometric-mean ratio {10 ** e:.2g}x{ci} (study: about {STUDY_GRAD_RATIO:g}x)"
+
+
+def bld_sr_rows(score: pl.DataFrame, sr_runs: pl.DataFrame) -> list[dict]:
+    """Every BLD-SR finding (module docstring) from the retrieval-score table and the arms' metrics."""
+    out: list[dict] = []
+    best = best_by_checkpoint(score)
+    rows = {(r["arm"], r["seed"], r["step"]): r for r in best.iter_rows(named=True)}
+    arms = sorted(best["arm"].unique().to_list())
+    if BASELINE not in arms:
+        return out
+    seeds = sorted(best.filter(pl.col("arm") == BASELINE)["seed"].unique().to_list(), key=str)
+    last: dict = {}
+    for a, s, st in rows:
+        last[(a, s)] = max(st, last.get((a, s), st))
+    tk = takeovers(best)
+
+    def diff(a, s, kinds=(ATTENTION, ATTENTION), step=None, arm_b=BASELINE):
+        """best[kinds[0]] of (a, s) minus best[kinds[1]] of (arm_b, s) at `step` (None: each run's last)."""
+        ra = rows.get((a, s, last.get((a, s)) if step is None else step))
+        rb = rows.get((arm_b, s, last.get((arm_b, s)) if step is None else step))
+        if ra is None or rb is None or ra[kinds[0]] is None or rb[kinds[1]] is None:
+            return None
+        return ra[kinds[0]] - rb[kinds[1]]
+
+    takeover_note = _takeover_words(tk)
+    out.append(_seed_row(
+        "without BLD the recurrent layers take the retrieval (competing learning)", "baseline, last checkpoint",
+        "final retrieval score: best recurrent layer minus best attention layer", +1,
+        {s: diff(BASELINE, s, (RECURRENT, ATTENTION)) for s in seeds}, "table_retrieval_score",
+        "no defined score at the last checkpoint"))
+
+    first = {}
+    for s in seeds:
+        g = [rows[k] for k in sorted(k for k in rows if k[0] == BASELINE and k[1] == s and k[2] > 0)
+             if _defined(rows[k]) and max(rows[k][ATTENTION], rows[k][RECURRENT]) >= TAKE_LEVEL]
+        first[s] = g[0][RECURRENT] - g[0][ATTENTION] if g else None
+    out.append(_seed_row(
+        "the recurrent layers take the retrieval first", f"baseline, first checkpoint with a layer at score >= "
+        f"{TAKE_LEVEL:g}", "retrieval score at the first checkpoint where some layer reaches "
+        f"{TAKE_LEVEL:g}: best recurrent layer minus best attention layer", +1, first, "table_retrieval_score",
+        f"no checkpoint with a layer at {TAKE_LEVEL:g}", takeover_note))
+
+    steps = _total_steps(sr_runs)
+    acc = _final_accuracy(sr_runs)
+    for arm in (a for a in sorted(set(arms) | {k[0] for k in steps}) if _ARM.match(a)):
+        n = steps.get((arm, seeds[0])) or steps.get((BASELINE, seeds[0]))
+        windows = sr_arm_windows(arm, n) if n else None
+        if not windows:
+            continue
+        start = min(w[0] for w in windows)
+        timing = {s: freeze_timing(start, tk.get(s, "undefined")) for s in seeds}
+        expected = arm_expectation(list(timing.values()))
+        when = {+1: "before the takeover", -1: "after the takeover"}.get(
+            expected, "early in some seeds and late in others, or without a takeover")
+        note = f"freeze from update {start}: {when}; {takeover_note}"
+        if acc:
+            out.append(_seed_row(
+                f"freezing the recurrent layers before the takeover helps, after it hurts (study: before about "
+                f"update {STUDY_TAKEOVER})", f"{arm} vs baseline", "final validation accuracy (mean over gaps), arm "
+                "minus baseline (same seed)", expected,
+                {s: (acc[(arm, s)] - acc[(BASELINE, s)]) if (arm, s) in acc and (BASELINE, s) in acc else None
+                 for s in seeds}, "table_sr_accuracy", "no validation accuracy", note))
+        if expected == +1:
+            out.append(_seed_row(
+                "freezing the recurrent layers early moves the retrieval to attention", f"{arm} vs baseline",
+                "final retrieval score of the best attention layer, arm minus baseline (same seed)", +1,
+                {s: diff(arm, s) for s in seeds}, "table_retrieval_score", "no defined score at the last checkpoint",
+                note))
+            inside = {}
+            for s in seeds:
+                ck = [k[2] for k in rows if k[0] == arm and k[1] == s
+                      and any(a < k[2] <= b for a, b in windows)]
+                inside[s] = diff(arm, s, step=max(ck)) if ck else None
+            out.append(_seed_row(
+                "while the recurrent layers are frozen, attention takes the retrieval", f"{arm} vs baseline",
+                "retrieval score of the best attention layer at the last checkpoint inside the freeze, arm minus "
+                "baseline (same seed, same update)", +1, inside, "table_retrieval_score",
+                "no checkpoint with a defined score inside the freeze", note))
+        ratios = {s: _grad_ratio(sr_runs, arm, s, windows) for s in seeds}
+        out.append(_seed_row(
+            f"attention's gradient norm is larger while the recurrent layers are frozen (study: about "
+            f"{STUDY_GRAD_RATIO:g}x)", f"{arm} vs baseline", "log10 of the mean attention gradient norm over the "
+            "arm's frozen logged updates over the baseline's on the same updates (same seed)", +1,
+            {s: math.log10(r) if r and r > 0 else None for s, r in ratios.items()}, "bld_sr metrics",
+            "no logged frozen update", f"freeze updates {windows}", transform=_ratio_words))
+
+    for arm in (a for a in arms if a.startswith("longgap")):
+        out.append(_seed_row(
+            "training on more long-gap examples shifts the retrieval to attention", f"{arm} vs baseline",
+            "final retrieval score of the best attention layer, arm minus baseline (same seed)", +1,
+            {s: diff(arm, s) for s in seeds}, "table_retrieval_score", "no defined score at the last checkpoint"))
+    return out
