@@ -260,3 +260,11 @@ def test_the_registry_passes_recency_and_fertility_to_the_findings_table():
     df = figures.render_table("table_findings", tables)
     assert _one(df, M.FERTILITY_YOR, "tokenizer tok: yor_Latn")["effect"] == pytest.approx(1.0)
     assert U.N_BOOT > 0 and not df.filter(pl.col("finding") == M.RECENCY).height  # no recency table given
+
+
+def test_closer_compares_with_the_placements_run_on_every_seed():
+    # sandwich ran seed 0 only: seeds 0 and 1 both compare with standard periodic alone (gap 0.10)
+    rows = _teacher_rows({0: 2.005, 1: 2.005}, seeds=(0, 1))
+    rows = rows.filter(~((pl.col("placement") == "sandwich") & (pl.col("seed") == 1)).fill_null(False))
+    r = {x["finding"]: x for x in M.reverse_teacher_rows(rows)}[M.REV_CLOSER]
+    assert r["effect"] == pytest.approx(1 - 0.005 / 0.10) and r["n_seeds"] == 2
