@@ -158,3 +158,42 @@ def test_long_gap_arms_are_compared_on_the_best_attention_layer():
     assert r["effect"] == pytest.approx(0.505) and r["expected"] == "+"  # 0.5, 0.51 over the baseline's 0.1
     half = T975_1 * math.sqrt(0.00005) / math.sqrt(2)
     assert (r["ci_lo"], r["ci_hi"]) == pytest.approx((0.505 - half, 0.505 + half)) and r["verdict"] == "reproduced"
+
+
+def test_bld_nl_long_context_rows_are_one_seed_with_each_arms_interval_in_the_note():
+    summary = pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, evaluator="kda-baseline",
+                                 long_ppl=lp, long_ppl_lo=lp - 1, long_ppl_hi=lp + 1)
+                            for v, lp in (("baseline", 20.0), ("bld", 17.5))]
+                           + [dict(model=f"gdn-{v}", mixer="gdn", size="xs", variant=v, evaluator="kda-baseline",
+                                   long_ppl=math.nan, long_ppl_lo=math.nan, long_ppl_hi=math.nan)
+                              for v in ("baseline", "bld")])
+    buckets = pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, bucket_lo=lo, bucket_hi=hi,
+                                 mean_loss=m + (0.3 if v == "baseline" else 0.0), mean_loss_lo=m - 0.1,
+                                 mean_loss_hi=m + 0.4)
+                            for v in ("baseline", "bld") for lo, hi, m in ((1, 1, 6.0), (2, 3, 5.0), (4, 7, 4.0))])
+    rows = FB.bld_nl_position_rows(summary, buckets)
+    lp = _get(rows, "BLD lowers LongPPL", "kda: bld vs baseline")
+    assert lp["effect"] == pytest.approx(-2.5) and lp["expected"] == "-" and lp["n_seeds"] == 1
+    assert lp["verdict"] == "inconclusive" and lp["note"].startswith("one seed")
+    assert "baseline 20 [19, 21]; bld 17.5 [16.5, 18.5]" in lp["note"]
+    nan = _get(rows, "BLD lowers LongPPL", "gdn: bld vs baseline")
+    assert math.isnan(nan["effect"]) and nan["n_undefined"] == 1 and "no key token" in nan["note"]
+    pos = _get(rows, "BLD lowers the loss at long-context positions", "kda: bld vs baseline")
+    assert pos["effect"] == pytest.approx(-0.3) and "positions 4-7" in pos["effect_definition"]
+    assert [r["comparison"] for r in rows if r["finding"].startswith("BLD lowers the loss")] == [
+        "kda: bld vs baseline"]  # gdn has no bucket rows here
+
+
+def test_the_registry_passes_the_position_loss_tables_to_the_findings_table():
+    from test_findings_verdicts import _sr_runs
+    from test_plots import _niah, _softcka
+    from test_uncertainty_tables import _distill, _nl_runs, _rows, _score as _u_score, _stage1
+
+    summary = pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, evaluator="kda-baseline",
+                                 long_ppl=lp) for v, lp in (("baseline", 20.0), ("bld", 17.5))])
+    tables = {"perplexity_rows": _rows(), "distill": _distill(), "softcka": _softcka(), "niah": _niah(),
+              "retrieval_score": _u_score(), "bld_sr": _sr_runs(), "bld_nl": _nl_runs(), "distill_stage1": _stage1(),
+              "position_loss_summary": summary}
+    df = figures.render_table("table_findings", tables)
+    (r,) = df.filter(pl.col("finding").str.starts_with("BLD lowers LongPPL")).iter_rows(named=True)
+    assert r["effect"] == pytest.approx(-2.5)

@@ -811,7 +811,8 @@ FIGURES = {
 }
 RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl", "softcka_seeds")  # one metrics file per run: `<table>/<run>=path`
 # Inputs a table reads when they exist (a preset without the BLD study has none of the BLD tables).
-OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl", "softcka_seeds", "recency", "fertility")}
+OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl", "softcka_seeds", "recency", "fertility",
+                                      "position_loss_summary", "position_loss")}
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),
     "table_kl_reduction": (kl_reduction_table, ["perplexity"]),
@@ -824,10 +825,11 @@ TABLES = {
     "table_sr_accuracy": (sr_accuracy_table, ["bld_sr"]),
     "table_kl_gaps": (lambda *a, **k: _results_page.kl_gap_table(*a, **k), ["distill", "distill_stage1"]),
     # the tables after softcka_seeds are findings_table's keyword arguments
-    "table_findings": (lambda *a, **k: _findings.findings_table(*a[:9], **dict(zip(("recency", "fertility"), a[9:])),
-                                                                **k),
+    "table_findings": (lambda *a, **k: _findings.findings_table(
+        *a[:9], **dict(zip(("recency", "fertility", "position_loss_summary", "position_loss"), a[9:])), **k),
                        ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl",
-                        "distill_stage1", "softcka_seeds", "recency", "fertility"]),
+                        "distill_stage1", "softcka_seeds", "recency", "fertility", "position_loss_summary",
+                        "position_loss"]),
 }
 
 

@@ -579,12 +579,14 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
                    distill_stage1: pl.DataFrame | None = None, softcka_seeds: pl.DataFrame | None = None,
                    baseline: str = "standard_periodic",
                    english: str = ENGLISH, recency: pl.DataFrame | None = None,
-                   fertility: pl.DataFrame | None = None) -> pl.DataFrame:
+                   fertility: pl.DataFrame | None = None, position_loss_summary: pl.DataFrame | None = None,
+                   position_loss: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
     are None for a preset that runs the multilinguality study alone (its BLD rows are then left out). The
-    further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given."""
+    further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given, the BLD-NL
+    long-context rows (`findings_bld`) `position_loss_summary` and `position_loss`."""
     from hybridlab.plots.findings_multi import multilinguality_rows
 
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
@@ -596,6 +598,10 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
         rows += _bld_sr_rows(retrieval_score, bld_sr)
     if bld_nl is not None:
         rows += _bld_nl_rows(bld_nl)
+    if position_loss_summary is not None:
+        from hybridlab.plots.findings_bld import bld_nl_position_rows
+
+        rows += bld_nl_position_rows(position_loss_summary, position_loss)
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")
     return pl.DataFrame(rows, schema=COLUMNS, orient="row")

@@ -269,3 +269,56 @@ def bld_sr_rows(score: pl.DataFrame, sr_runs: pl.DataFrame) -> list[dict]:
             "final retrieval score of the best attention layer, arm minus baseline (same seed)", +1,
             {s: diff(arm, s) for s in seeds}, "table_retrieval_score", "no defined score at the last checkpoint"))
     return out
+
+
+# --- BLD on natural language: long-context loss --------------------------------------------------------
+
+
+def _arm_label(mixer: str, size: str, sizes: set) -> str:
+    return mixer if len(sizes) == 1 else f"{mixer}-{size}"
+
+
+def _interval_words(r: dict, value: str) -> str:
+    lo, hi = r.get(f"{value}_lo"), r.get(f"{value}_hi")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{r['variant']} {r[value]:.4g}"
+    return f"{r['variant']} {r[value]:.4g} [{lo:.4g}, {hi:.4g}]"
+
+
+def bld_nl_position_rows(summary: pl.DataFrame, buckets: pl.DataFrame | None = None) -> list[dict]:
+    """BLD-NL long-context rows of the first seed's arms (the position-loss job reads those only), per mixer
+    and size: LongPPL, BLD minus baseline (expected -), and the mean loss in the last (longest-context)
+    position bucket, BLD minus baseline (expected -). One seed, so inconclusive by the seed rule; there is
+    no paired interval (the tables hold each arm's own bootstrap over the documents, given in the note)."""
+    out: list[dict] = []
+    s = {(r["mixer"], r["size"], r["variant"]): r for r in summary.iter_rows(named=True)}
+    sizes = {k[1] for k in s}
+    last = {}
+    if buckets is not None and not buckets.is_empty():
+        top = buckets.group_by(["mixer", "size"]).agg(pl.col("bucket_lo").max().alias("top"))
+        for r in buckets.join(top, on=["mixer", "size"]).filter(pl.col("bucket_lo") == pl.col("top")).iter_rows(
+                named=True):
+            last[(r["mixer"], r["size"], r["variant"])] = r
+    for mixer, size in sorted({(m, z) for m, z, _ in s}):
+        base, bld = s.get((mixer, size, "baseline")), s.get((mixer, size, "bld"))
+        if base is None or bld is None:
+            continue
+        label = f"{_arm_label(mixer, size, sizes)}: bld vs baseline"
+        a, b = bld["long_ppl"], base["long_ppl"]
+        defined = a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
+        note = ("first seed's models; no paired interval, each arm's over the documents: "
+                + "; ".join(_interval_words(r, "long_ppl") for r in (base, bld)) if defined
+                else "LongPPL undefined: no key token (no token gains from long context under the evaluator)")
+        out.append(F._row(F.BLD, "BLD lowers LongPPL (the loss on the tokens that need long context)", label,
+                          f"LongPPL, BLD minus baseline (key tokens of the evaluator {bld['evaluator']})", -1,
+                          a - b if defined else math.nan, math.nan, math.nan, "none (one arm pair)", 1, "", math.nan,
+                          "position_loss_summary", note, n_undefined=0 if defined else 1))
+        lb, ll = last.get((mixer, size, "baseline")), last.get((mixer, size, "bld"))
+        if lb is not None and ll is not None:
+            out.append(F._row(
+                F.BLD, "BLD lowers the loss at long-context positions", label,
+                f"mean loss at positions {lb['bucket_lo']}-{lb['bucket_hi']} (the last bucket), BLD minus baseline, "
+                "nats", -1, ll["mean_loss"] - lb["mean_loss"], math.nan, math.nan, "none (one arm pair)", 1, "",
+                math.nan, "position_loss", "first seed's models; no paired interval, each arm's over the documents: "
+                + "; ".join(_interval_words(r, "mean_loss") for r in (lb, ll))))
+    return out
