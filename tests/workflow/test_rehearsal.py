@@ -53,6 +53,22 @@ def test_published_pairs_and_lm_eval(rehearsal):
     assert (figures / "table_lm_benchmarks.csv").is_file() and len(list(figures.glob("fig_*.png"))) >= 10
 
 
+def test_bld_sr_findings_bracket_the_takeover(rehearsal):
+    """The paper's update arms in miniature reach the findings table: each freeze arm's accuracy row with
+    the sign its start gives, the gradient-norm and first-checkpoint rows, undefined seeds counted."""
+    table = pl.read_csv(rehearsal / "results" / "figures" / "rehearsal" / "table_findings.csv")
+    bld = table.filter(pl.col("study") == "competing learning (BLD)")
+    assert "n_undefined" in bld.columns and (bld["n_undefined"] >= 0).all()
+    freeze = bld.filter(pl.col("finding").str.starts_with("freezing the recurrent layers before the takeover"))
+    assert sorted(freeze["comparison"]) == ["freeze0-2u vs baseline", "window4u+2u vs baseline"]
+    # frozen from update 0: before any takeover (the first checkpoint after the initial one is update 2)
+    assert freeze.filter(pl.col("comparison") == "freeze0-2u vs baseline")["expected"].to_list() in (["+"], [None])
+    grad = bld.filter(pl.col("finding").str.starts_with("attention's gradient norm is larger"))
+    assert sorted(grad["comparison"]) == ["freeze0-2u vs baseline", "window4u+2u vs baseline"]
+    assert "the recurrent layers take the retrieval first" in set(bld["finding"])
+    assert (bld["n_seeds"] == 2).sum() >= 6  # the BLD-SR rows run both rehearsal seeds
+
+
 def test_niah_runs_oneruler_prompts_with_yarn_and_records_the_settings(rehearsal):
     """The paper preset's NIAH path (prompts: oneruler, chat_template: true, yarn_factor): every summary row names
     the prompts and the YaRN factor that were applied. The rehearsal's random tokenizers carry no chat template,
