@@ -119,19 +119,71 @@ def gpus(job, at_least=1):
     return max(at_least, gpus_for(MEMORY_PLAN, job, GPU_MEM_GB))
 
 
+# Host memory, disk, time limit and node placement of every rule's jobs, from hybridlab.train.resources (also
+# printed by `hybridlab plan`): derived from the model shapes, budgets and document counts at the paper preset,
+# fixed allowances elsewhere.
+# presets.<scale>.cluster: GPUs per node; a job needing more is refused here unless multi_node is set.
+def _rule_resources():
+    from hybridlab.train.resources import cluster_settings, rule_resources
+
+    try:
+        return rule_resources(config, MEMORY_PLAN if ON_GPU else None), cluster_settings(C)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+RESOURCES, CLUSTER = _rule_resources()
+
+
+def _placement(rule, n_gpu):
+    from hybridlab.train.resources import placement
+
+    try:
+        return placement(rule, n_gpu, CLUSTER, SCALE)
+    except HybridlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def job_resources(rule, n_gpu=0):
+    """The resources of `rule`'s jobs - mem_mb, disk_mb, runtime, gpu and one node (`nodes=1`, so SLURM never spreads a
+    multi-GPU job over nodes). A job needing more GPUs than a node has runs on whole nodes when
+    cluster.multi_node is set: per-node GPUs as gres, one srun task per node (`mpi`: the jobstep runs the
+    rule's command itself, whose launcher calls srun), memory per node."""
+    r = RESOURCES[rule]
+    out = {"mem_mb": r.mem_mb, "disk_mb": r.disk_mb, "runtime": r.runtime, "gpu": n_gpu, "nodes": 1}
+    place = _placement(rule, n_gpu)
+    if place.nodes > 1:
+        out.update(
+            mem_mb=-(-r.mem_mb // place.nodes),
+            gpu=0,
+            gres=f"gpu:{place.gpus_per_node}",
+            nodes=place.nodes,
+            tasks=place.nodes,
+            tasks_per_gpu=0,
+            mpi="srun",
+        )
+    return out
+
+
 CPU_ENV = "../envs/cpu.yaml"
 CUDA_ENV = "../envs/cuda.yaml" if ON_GPU else "../envs/cpu.yaml"
 
 
-def launcher(n_gpu, at_least=1):
-    """How a training script starts: plain python on CPU or one GPU, torchrun for several (FSDP2).
+def launcher(n_gpu, at_least=1, rule=None):
+    """How a training script starts: plain python on CPU or one GPU, torchrun for several (FSDP2), and
+    srun + torchrun (c10d rendezvous) over whole nodes for a job larger than a node (cluster.multi_node).
 
     At the rehearsal preset a rule that runs on several GPUs at paper (`at_least` > 1) runs on
     REHEARSAL_PROCESSES CPU processes, so the multi-process path is exercised without a GPU.
     """
-    from hybridlab.train.launch import launch_prefix
+    from hybridlab.train.launch import launch_prefix, srun_prefix
 
     n = REHEARSAL_PROCESSES if SCALE == "rehearsal" and at_least > 1 else max(1, n_gpu)
+    place = _placement(rule or "a training job", n_gpu) if ON_GPU else None
+    if place is not None and place.nodes > 1:
+        return srun_prefix(place.nodes, place.gpus_per_node, port=CLUSTER["rdzv_port"])
     return launch_prefix(n)
 
 

@@ -14,9 +14,7 @@ rule corpus:
     conda:
         CPU_ENV
     resources:
-        mem_mb=4000,
-        runtime=30 if OFFLINE else 600,
-        gpu=0,
+        **job_resources("corpus"),
     params:
         cfg=corpus_params(),
         script="build_offline_corpus.py" if OFFLINE else "build_hub_corpus.py",
@@ -46,9 +44,7 @@ rule tokenizer:
     conda:
         CPU_ENV
     resources:
-        mem_mb=4000,
-        runtime=30,
-        gpu=0,
+        **job_resources("tokenizer"),
     params:
         outdir=lambda wc: tokenizer_dir(wc.tok),
         cfg=lambda wc: as_json(
@@ -85,9 +81,7 @@ rule mixture:
     conda:
         CPU_ENV
     resources:
-        mem_mb=8000,
-        runtime=60 if OFFLINE else 2880,  # paper: tens of billions of English tokens for BLD-NL
-        gpu=0,
+        **job_resources("mixture"),
     params:
         cfg=lambda wc: mixture_params(wc.name),
         outdir=lambda wc: mixture_dir(wc.tok, wc.name),
@@ -108,9 +102,7 @@ rule spaced_retrieval:
     conda:
         CPU_ENV
     resources:
-        mem_mb=2000,
-        runtime=10,
-        gpu=0,
+        **job_resources("spaced_retrieval"),
     params:
         cfg=as_json({**DATA["spaced_retrieval"], "seed": C["seed"]}),
         outdir=output_dir(),

@@ -19,9 +19,7 @@ rule eval_softcka:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 64000,
-        runtime=30 if OFFLINE else 720,
-        gpu=gpus(1),
+        **job_resources("eval_softcka", gpus(1)),
     params:
         cfg=analysis_params("softcka"),
     shell:
@@ -48,9 +46,7 @@ rule eval_softcka_seed:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 64000,
-        runtime=30 if OFFLINE else 720,
-        gpu=gpus(1),
+        **job_resources("eval_softcka_seed", gpus(1)),
     params:
         cfg=lambda wc: analysis_params("softcka", int(wc.seed)),
     shell:
@@ -75,9 +71,7 @@ rule eval_recency:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 64000,
-        runtime=30 if OFFLINE else 240,
-        gpu=gpus(1),
+        **job_resources("eval_recency", gpus(1)),
     params:
         cfg=analysis_params("recency"),
     shell:
@@ -101,9 +95,7 @@ rule eval_fertility:
         CPU_ENV
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=20,
-        gpu=0,
+        **job_resources("eval_fertility"),
     params:
         cfg=analysis_params("fertility"),
         tokdir=input_dir("tokenizer"),
@@ -134,9 +126,7 @@ rule eval_perplexity:
     conda:
         CUDA_ENV
     resources:
-        mem_mb=16000 if OFFLINE else 64000,
-        runtime=60 if OFFLINE else 240,
-        gpu=gpus("eval_perplexity"),
+        **job_resources("eval_perplexity", gpus("eval_perplexity")),
     params:
         cfg=as_json(
             {
@@ -179,9 +169,7 @@ rule eval_niah:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 96000,
-        runtime=30 if OFFLINE else 1440,
-        gpu=gpus("eval_niah"),
+        **job_resources("eval_niah", gpus("eval_niah")),
     params:
         cfg=lambda wc: niah_model_params(wc.model),
         name=lambda wc: NIAH_MODELS[wc.model].name,
@@ -204,9 +192,7 @@ rule niah_tables:
     conda:
         CPU_ENV
     resources:
-        mem_mb=4000,
-        runtime=10,
-        gpu=0,
+        **job_resources("niah_tables"),
     params:
         cfg=as_json({"models": [m.name for m in NIAH_MODELS.values()]}),
     shell:
@@ -231,9 +217,7 @@ rule eval_retrieval_score:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000,
-        runtime=60,
-        gpu=gpus(1),
+        **job_resources("eval_retrieval_score", gpus(1)),
     params:
         cfg=lambda wc: as_json({**C["eval"]["retrieval_score"], "seed": C["seed"]}),
         arms=lambda wc: [bld_sr_dir(a, s) for a in bld_sr_arms() for s in SR_SEEDS],
@@ -260,9 +244,7 @@ rule eval_retrieval_heads:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 80000,
-        runtime=60 if OFFLINE else 600,
-        gpu=gpus("eval_retrieval_heads"),
+        **job_resources("eval_retrieval_heads", gpus("eval_retrieval_heads")),
     params:
         cfg=lambda wc: heads_position_params("retrieval_heads"),
         models=bld_nl_dirs(),
@@ -297,9 +279,7 @@ rule eval_position_loss:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        mem_mb=8000 if OFFLINE else 80000,
-        runtime=60 if OFFLINE else 600,
-        gpu=gpus(1),
+        **job_resources("eval_position_loss", gpus(1)),
     params:
         cfg=lambda wc: heads_position_params("position_loss"),
         models=bld_nl_dirs(),
@@ -334,9 +314,7 @@ rule eval_lm_benchmarks:
     conda:
         CUDA_ENV
     resources:
-        mem_mb=80000,
-        runtime=1440,
-        gpu=gpus(1),
+        **job_resources("eval_lm_benchmarks", gpus(1)),
     params:
         cfg=lambda wc: heads_position_params("lm_eval"),
         model=lambda wc: LM_BENCHMARK_JOBS[wc.model][0],
@@ -359,9 +337,7 @@ rule lm_benchmarks_table:
     conda:
         CPU_ENV
     resources:
-        mem_mb=4000,
-        runtime=10,
-        gpu=0,
+        **job_resources("lm_benchmarks_table"),
     params:
         cfg=as_json({"models": [d for d, _ in LM_BENCHMARK_JOBS.values()]}),
     shell:

@@ -19,9 +19,7 @@ rule figure:
         CPU_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
-        gpu=0,
+        **job_resources("figure"),
     params:
         **_STAMP,
         cfg=as_json(_STAMP),
@@ -50,9 +48,7 @@ rule table:
         CPU_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
-        gpu=0,
+        **job_resources("table"),
     params:
         **_STAMP,
         cfg=as_json({**_STAMP, "baseline_placement": C["experiments"]["distill"]["baseline_placement"]}),
@@ -97,9 +93,7 @@ rule results_page:
         CPU_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
-        gpu=0,
+        **job_resources("results_page"),
     params:
         cfg=as_json({"preset": SCALE, "header": RESULTS_HEADER}),
         benchmarks=[R(phase, "benchmarks") for phase in ("data", "models", "train", "eval")],

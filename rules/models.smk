@@ -18,10 +18,8 @@ rule teacher:
     conda:
         CUDA_ENV
     resources:
-        mem_mb=16000,
-        runtime=60 if OFFLINE else 120,
-        # pre-training needs a GPU; fetching a hub teacher or converting a GGUF file does not
-        gpu=lambda wc: gpus(1) if teacher_script(wc.teacher) == "pretrain_teacher.py" else 0,
+        # pre-training (offline presets) needs a GPU; fetching a hub teacher or converting a GGUF file does not
+        **job_resources("teacher", gpus(1) if OFFLINE else 0),
     params:
         cfg=lambda wc: as_json(
             {
@@ -64,9 +62,7 @@ rule convert:
     conda:
         CPU_ENV
     resources:
-        mem_mb=16000,
-        runtime=30,
-        gpu=0,
+        **job_resources("convert"),
     params:
         # the replicate seed draws the new mixers' parameters (the same seed for every placement)
         cfg=lambda wc: as_json(

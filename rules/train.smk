@@ -25,12 +25,10 @@ rule distill_stage1:
         CUDA_ENV
     threads: TRAIN_THREADS
     resources:
-        mem_mb=16000 if OFFLINE else 160000,
-        runtime=60 if OFFLINE else 600,
-        gpu=gpus("distill_stage1", 4),
+        **job_resources("distill_stage1", gpus("distill_stage1", 4)),
     params:
         cfg=lambda wc: distill_params(1, wc.seed),
-        launch=launcher(gpus("distill_stage1", 4), at_least=4),
+        launch=launcher(gpus("distill_stage1", 4), at_least=4, rule="distill_stage1"),
         teacher=input_dir("teacher"),
         student=input_dir("student"),
         mixture=input_dir("mixture"),
@@ -64,12 +62,10 @@ rule distill_stage2:
         CUDA_ENV
     threads: TRAIN_THREADS
     resources:
-        mem_mb=16000 if OFFLINE else 160000,
-        runtime=120 if OFFLINE else 2880,
-        gpu=gpus("distill_stage2", 4),
+        **job_resources("distill_stage2", gpus("distill_stage2", 4)),
     params:
         cfg=lambda wc: distill_params(2, wc.seed),
-        launch=launcher(gpus("distill_stage2", 4), at_least=4),
+        launch=launcher(gpus("distill_stage2", 4), at_least=4, rule="distill_stage2"),
         teacher=input_dir("teacher"),
         student=input_dir("stage1"),
         mixture=input_dir("mixture"),
@@ -103,9 +99,7 @@ rule bld_sr:
     # far sooner than one arm on two threads.
     threads: 1 if not ON_GPU else TRAIN_THREADS
     resources:
-        mem_mb=4000,
-        runtime=60,
-        gpu=gpus("bld_sr"),
+        **job_resources("bld_sr", gpus("bld_sr")),
     params:
         # the replicate seed: initial weights (the same for every arm), batch order, long-gap resampling
         cfg=lambda wc: as_json(
@@ -117,7 +111,7 @@ rule bld_sr:
                 **SR_SCORE_POINTS,
             }
         ),
-        launch=launcher(gpus("bld_sr")),
+        launch=launcher(gpus("bld_sr"), rule="bld_sr"),
         data=input_dir("splits"),
         work=lambda wc: R("train", f"runs/bld_sr/seed{wc.seed}/{wc.arm}"),
         out=lambda wc: bld_sr_dir(wc.arm, wc.seed),
@@ -147,12 +141,10 @@ rule bld_nl:
     # finish sooner than one arm on two threads.
     threads: 1 if not ON_GPU else TRAIN_THREADS
     resources:
-        mem_mb=16000 if OFFLINE else 160000,
-        runtime=120 if OFFLINE else 2880,
-        gpu=gpus("bld_nl", 4),
+        **job_resources("bld_nl", gpus("bld_nl", 4)),
     params:
         cfg=lambda wc: bld_nl_params(wc.arm, wc.seed),
-        launch=launcher(gpus("bld_nl", 4), at_least=4),
+        launch=launcher(gpus("bld_nl", 4), at_least=4, rule="bld_nl"),
         mixture=input_dir("mixture"),
         tokdir=input_dir("tokenizer"),
         work=lambda wc: R("train", f"runs/bld_nl/seed{wc.seed}/{wc.arm}"),

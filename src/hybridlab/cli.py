@@ -4,7 +4,7 @@
     hybridlab placements --scheme sandwich --layers 36 --ratio 0.25
     hybridlab languages                                            # the language registry
     hybridlab cache pull [TARGETS]                                 # dvc pull + mark outputs complete
-    hybridlab plan --scale paper [--gpu-mem-gb 80] [--gpus N] [--json]   # memory plan per job
+    hybridlab plan --scale paper [--gpu-mem-gb 80] [--gpus N] [--json]   # GPU, host RAM, disk and time per job
 
 Every user error is one line on stderr and exit code 1.
 """
@@ -67,14 +67,28 @@ def _cmd_plan(args) -> None:
     raw = cfg.load(args.configfile, overrides)
     plans = plan_preset(raw, gpu_mem_gb=args.gpu_mem_gb, gpus=args.gpus)
     disks = disk_preset(raw)
+    # per rule: host RAM, disk and time next to GPU memory (the requests the rules make)
+    from hybridlab.train.resources import cluster_settings, format_resources, refused, rule_resources
+
+    # the requests are for each job's smallest fitting GPU count, whatever --gpus asks the verdict for
+    resources = rule_resources(raw, plans if args.gpus is None else plan_preset(raw, gpu_mem_gb=args.gpu_mem_gb))
+    cluster = cluster_settings(cfg.resolve(raw))
     if args.json:
         out = json.loads(plans_json(plans, args.gpu_mem_gb))
         out["disk"] = [{"job": p.job, "runs": p.runs, "checkpoint_bytes": p.checkpoint_bytes, "kept": p.kept,
                         "final_checkpoint_bytes": p.final_checkpoint, "final_bytes": p.final_bytes,
                         "peak_bytes": p.per_run, "left_bytes": p.at_rest, "total_bytes": p.total} for p in disks]
+        out["rules"] = [{"rule": r.rule, "gpus": r.gpus, "gpu_peak_bytes": r.gpu_peak_bytes, "host_bytes": r.host_bytes,
+                         "mem_mb": r.mem_mb, "disk_bytes": r.disk_bytes, "disk_mb": r.disk_mb, "minutes": r.minutes,
+                         "runtime": r.runtime, "attempts": r.attempts, "fixed": r.fixed, "basis": r.basis}
+                        for r in resources.values()]
         print(json.dumps(out, indent=1))
     else:
-        print(format_table(plans, args.gpu_mem_gb) + "\n\n" + format_disk(disks))
+        print(format_table(plans, args.gpu_mem_gb) + "\n\n" + format_disk(disks) + "\n\n"
+              + format_resources(resources, cluster, cfg.resolve(raw)["scale"]))
+    line = refused(resources, cluster, cfg.resolve(raw)["scale"])
+    if line:
+        raise HybridlabError(line)
 
 
 def _plan_number(kind):
@@ -116,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--repo", default=".", help="repository root (default: .)")
     cp.set_defaults(func=_cmd_cache_pull)
 
-    pn = sub.add_parser("plan", help="estimated peak GPU memory per rank of every job, and the GPUs it needs")
+    pn = sub.add_parser("plan", help="estimated peak GPU memory per rank of every job, the GPUs it needs, and each rule's "
+                                        "host RAM, disk and time")
     pn.add_argument("--configfile", default="config.yaml")
     pn.add_argument("--scale", choices=list(SCALES))
     pn.add_argument("--gpu-mem-gb", type=_plan_number(float), default=80.0, help="memory of one GPU (default 80)")

@@ -709,6 +709,17 @@ class PresetExperiments:
 
 
 @dataclass(kw_only=True)
+class Cluster:
+    """Where the GPU jobs run (the paper preset's SLURM cluster): node size and the multi-node launch."""
+
+    gpus_per_node: PosInt = opt(8, "GPUs of one node; a job that needs more is refused unless multi_node is set")
+    multi_node: bool = opt(False, "run a job that needs more GPUs than a node has on whole nodes: srun starts one "
+                                  "torchrun agent per node, meeting at a c10d rendezvous on the first node")
+    rdzv_port: Annotated[int, Schema(minimum=1024, maximum=65535)] = opt(
+        29500, "TCP port of the c10d rendezvous on a multi-node job's first node")
+
+
+@dataclass(kw_only=True)
 class Preset:
     """One scale: sizes, data, models and run settings (the resolved view's sections)."""
 
@@ -720,6 +731,7 @@ class Preset:
     experiments: PresetExperiments = opt(UNSET, "per-experiment overrides at this scale")
     studies: list[Study] = opt(["multilinguality", "bld"], "the studies whose jobs this preset runs",
                                minItems=1, uniqueItems=True)
+    cluster: Cluster = opt(UNSET, "GPU node size and the multi-node launch (absent: 8 GPUs a node, one node a job)")
 
 
 @dataclass(kw_only=True)
