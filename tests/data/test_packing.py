@@ -312,3 +312,26 @@ def test_parallel_heldout_rows_hold_whole_sentences_and_never_training_text():
                                            **KW), par, IdTokenizer(), languages=["eng_Latn"], n_sentences=3)
     with pytest.raises(HybridlabError, match="fewer than the 50 held-out sentences"):
         with_parallel_heldout(packed, par, IdTokenizer(), languages=["fra_Latn"], n_sentences=50)
+
+
+@pytest.mark.parametrize("heldout", [False, True])
+def test_spilled_packing_writes_the_same_bytes_and_no_temporaries(tmp_path, heldout):
+    """pack_mixture(spill_dir=...) from a lazily read corpus (the mixture job's path: one language in memory,
+    rows on disk) writes exactly the files of the in-memory packing, with and without parallel held-out rows."""
+    corpus = _corpus({"eng_Latn": 300, "fra_Latn": 300, "tel_Telu": 300})
+    corpus.write_parquet(tmp_path / "mono.parquet")
+    par = pl.DataFrame([{"sid": i + 1, "lang": lang, "text": " ".join([str(LANG_BASE[lang] + 500 + i)] * (3 + i % 4)),
+                         "source": "flores"} for lang in ("eng_Latn", "fra_Latn") for i in range(40)])
+    kw = {**KW, "block_rows": 2, **({"val_fraction": 0.0} if heldout else {})}
+    mixes = {"memory": pack_mixture(corpus, IdTokenizer(), **kw),
+             "spilled": pack_mixture(pl.scan_parquet(tmp_path / "mono.parquet"), IdTokenizer(),
+                                     spill_dir=tmp_path / "spilled", **kw)}
+    assert isinstance(mixes["spilled"].tokens_NS, np.memmap)
+    for name, mix in mixes.items():
+        if heldout:
+            mix = with_parallel_heldout(mix, par, IdTokenizer(), languages=["eng_Latn", "fra_Latn"], n_sentences=7)
+        write_packed(tmp_path / name, mix)
+    files = sorted(p.name for p in (tmp_path / "spilled").iterdir())
+    assert files == ["doc_offsets.npy", "doc_starts.npy", "meta.parquet", "stats.json", "tokens.npy"]
+    for f in files:
+        assert (tmp_path / "memory" / f).read_bytes() == (tmp_path / "spilled" / f).read_bytes(), f

@@ -30,6 +30,11 @@ Definitions:
   language's train tokens / all train tokens) and a ``short`` flag; also ``max_token_id`` (checked
   against each model's vocabulary before training, `hybridlab.data.budget`).
 
+* Memory: tokenised documents are held as flat int32 arrays (not Python lists of ints); with
+  ``spill_dir`` (the mixture job) each language's rows go to a temporary file as soon as it is packed and
+  the final rows are assembled in a memory-mapped file, so one language's text and tokens are in memory
+  at a time. The bytes written are the same either way.
+
 Output of `write_packed`: ``tokens.npy`` (int32 [N, seq_len], read with mmap), ``doc_starts.npy``
 (int32, every row's document starts concatenated) with ``doc_offsets.npy`` (int64 [N + 1]: row r's
 starts are ``doc_starts[doc_offsets[r]:doc_offsets[r + 1]]``), ``meta.parquet`` and ``stats.json``;
@@ -71,18 +76,57 @@ def pack_stream(token_lists: Sequence[Sequence[int]], seq_len: int, eos_id: int)
 
     Returns the rows and, per row, the positions at which a document starts inside it.
     """
+    return _pack_flat(_Docs.of(token_lists), seq_len, eos_id)
+
+
+class _Docs:
+    """Tokenised documents as one flat int32 array and their lengths: 4 bytes a token (a Python list of ints
+    costs about 36), so a language's token pool of the paper preset's mixture fits in a few GB."""
+
+    def __init__(self, flat: np.ndarray | None = None, lens: np.ndarray | None = None):
+        self.flat = np.zeros(0, np.int32) if flat is None else flat
+        self.lens = np.zeros(0, np.int64) if lens is None else lens
+
+    @classmethod
+    def of(cls, token_lists: Iterable[Sequence[int]]) -> "_Docs":
+        docs = [np.asarray(d, dtype=np.int64) for d in token_lists]
+        flat = np.concatenate(docs).astype(np.int32) if docs else np.zeros(0, np.int32)
+        return cls(flat, np.asarray([len(d) for d in docs], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    @property
+    def tokens_with_eos(self) -> int:
+        """Tokens the documents fill in a stream, one EOS each."""
+        return int(self.lens.sum()) + len(self.lens)
+
+    def split(self, k: int) -> tuple["_Docs", "_Docs"]:
+        """The first k documents and the rest."""
+        cut = int(self.lens[:k].sum())
+        return _Docs(self.flat[:cut], self.lens[:k]), _Docs(self.flat[cut:], self.lens[k:])
+
+    @staticmethod
+    def concat(parts: list["_Docs"]) -> "_Docs":
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return _Docs()
+        return _Docs(np.concatenate([p.flat for p in parts]), np.concatenate([p.lens for p in parts]))
+
+
+def _pack_flat(docs: _Docs, seq_len: int, eos_id: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`pack_stream` of documents held as a `_Docs`: rows are a view of one int32 stream (no second copy)."""
     if seq_len < 1:
         raise HybridlabError(f"packing: seq_len={seq_len} must be >= 1")
-    parts, offsets, pos = [], [], 0
-    for doc in token_lists:
-        offsets.append(pos)
-        parts.append(np.asarray(doc, dtype=np.int64))
-        parts.append(np.array([eos_id], dtype=np.int64))
-        pos += len(doc) + 1
-    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    size = docs.lens + 1
+    ends = np.cumsum(size)
+    off = ends - size  # where each document starts in the stream
+    stream = np.full(int(ends[-1]) if len(ends) else 0, eos_id, dtype=np.int32)
+    is_token = np.ones(len(stream), dtype=bool)
+    is_token[ends - 1] = False
+    stream[is_token] = docs.flat
     n_rows = len(stream) // seq_len
-    rows = stream[: n_rows * seq_len].astype(np.int32).reshape(n_rows, seq_len)
-    off = np.asarray(offsets, dtype=np.int64)
+    rows = stream[: n_rows * seq_len].reshape(n_rows, seq_len)
     off = off[off < n_rows * seq_len]
     row_of = off // seq_len
     cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
@@ -119,33 +163,59 @@ def _target_shares(languages: list[str], english_share: float, weights: dict[str
     return shares
 
 
-def _tokenize_until(texts: list[str], tokenizer, start: int, n_tokens: int) -> tuple[list[list[int]], int]:
+def _tokenize_until(texts: list[str], tokenizer, start: int, n_tokens: int) -> tuple[_Docs, int]:
     """Tokenise texts[start:] in batches until the docs (+1 EOS each) hold >= n_tokens; return docs and next index."""
-    docs: list[list[int]] = []
+    flats, lens = [], []
     have = 0
     i = start
     while have < n_tokens and i < len(texts):
         batch = texts[i : i + _TOKENIZE_BATCH]
         ids = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        kept = []
         for doc in ids:
             i += 1
             if not doc:
                 continue
-            docs.append(doc)
+            kept.append(doc)
+            lens.append(len(doc))
             have += len(doc) + 1
             if have >= n_tokens:
                 break
-    return docs, i
+        if kept:  # one int32 array per batch; the batch's Python lists are dropped here
+            flats.append(np.fromiter(itertools.chain.from_iterable(kept), dtype=np.int32,
+                                     count=sum(len(d) for d in kept)))
+    flat = np.concatenate(flats) if flats else np.zeros(0, np.int32)
+    return _Docs(flat, np.asarray(lens, dtype=np.int64)), i
 
 
-def _prefix_len(docs: list[list[int]], n_tokens: int) -> int:
+def _prefix_len(docs: _Docs, n_tokens: int) -> int:
     """Number of leading docs whose tokens (+1 EOS each) first reach n_tokens (all docs if never)."""
-    have = 0
-    for k, doc in enumerate(docs):
-        if have >= n_tokens:
-            return k
-        have += len(doc) + 1
-    return len(docs)
+    if n_tokens <= 0:
+        return 0
+    reached = np.searchsorted(np.cumsum(docs.lens + 1), n_tokens, side="left") + 1
+    return int(min(reached, len(docs)))
+
+
+def _spill_path(spill_dir: str | Path, tag: str) -> Path:
+    """A temporary .npy file of this process in `spill_dir` (atomic.temp_path naming: a killed run's are removed)."""
+    path = temp_path(Path(spill_dir) / f"tokens.{tag}.npy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _spill(spill_dir: str | Path, tag: str, rows: np.ndarray, starts: list) -> tuple[np.ndarray, list]:
+    """`rows` written to a temporary file and memory-mapped back (the in-memory copy can go)."""
+    path = _spill_path(spill_dir, tag)
+    with open(path, "wb") as f:
+        np.save(f, rows)
+    return np.load(path, mmap_mode="r"), starts
+
+
+def _drop(rows: np.ndarray) -> None:
+    """Delete the temporary file behind a memory-mapped array made by `_spill` / `pack_mixture`."""
+    name = getattr(rows, "filename", None) or getattr(getattr(rows, "base", None), "filename", None)
+    if name:
+        Path(name).unlink(missing_ok=True)
 
 
 def _whole_blocks(n: int, block_rows: int, up: bool = False) -> int:
@@ -167,17 +237,18 @@ def _pack_language(
         )
     target_rows = n_val + n_train
     pool, nxt = _tokenize_until(texts, tokenizer, 0, target_rows * seq_len)
-    available = sum(len(d) + 1 for d in pool)
+    available = pool.tokens_with_eos
     if available < target_rows * seq_len and val_fraction > 0:
         # Scarce language (all its text fits in the budget): size val on what exists, or val would
         # swallow the few documents train needs.
         n_val = _whole_blocks(max(1, int(round(val_fraction * (available // seq_len)))), block_rows, up=True)
     k = _prefix_len(pool, n_val * seq_len)
-    val_docs, train_docs = pool[:k], pool[k:]
-    more, _ = _tokenize_until(texts, tokenizer, nxt, n_train * seq_len - sum(len(d) + 1 for d in train_docs))
-    train_docs += more
-    val_rows, val_starts = pack_stream(val_docs, seq_len, eos_id)
-    train_rows, train_starts = pack_stream(train_docs, seq_len, eos_id)
+    val_docs, train_docs = pool.split(k)
+    del pool
+    more, _ = _tokenize_until(texts, tokenizer, nxt, n_train * seq_len - train_docs.tokens_with_eos)
+    train_docs = _Docs.concat([train_docs, more])
+    val_rows, val_starts = _pack_flat(val_docs, seq_len, eos_id)
+    train_rows, train_starts = _pack_flat(train_docs, seq_len, eos_id)
     n_val_got = min(n_val, _whole_blocks(len(val_rows), block_rows))
     n_train_got = min(n_train, _whole_blocks(len(train_rows), block_rows))
     if n_train_got == 0 or (n_val > 0 and n_val_got == 0):
@@ -211,9 +282,18 @@ def pack_mixture(
     seed: int,
     weights: dict[str, float] | None = None,
     block_rows: int = 1,
+    spill_dir: str | Path | None = None,
 ) -> PackedMixture:
-    """Build the packed train/val mixture from mono-schema documents (see module docstring)."""
-    missing = {"doc_id", "lang", "text"} - set(mono_df.columns)
+    """Build the packed train/val mixture from mono-schema documents (see module docstring).
+
+    `mono_df` may be a polars LazyFrame (e.g. `pl.scan_parquet`): each language's documents are then read
+    when it is packed. `spill_dir` (the output directory): each language's rows go to a temporary file
+    there as soon as it is packed and the rows are assembled into a memory-mapped tokens file that
+    `write_packed` publishes, so host memory holds one language's text and tokens at a time.
+    """
+    lazy = isinstance(mono_df, pl.LazyFrame)
+    columns = mono_df.collect_schema().names() if lazy else mono_df.columns
+    missing = {"doc_id", "lang", "text"} - set(columns)
     if missing:
         raise HybridlabError(f"packing: documents lack columns {sorted(missing)}; pass a mono-schema frame")
     if not 0.0 <= val_fraction < 1.0:
@@ -229,8 +309,12 @@ def pack_mixture(
 
     per_lang: dict[str, dict] = {}
     packed: dict[str, dict[str, tuple[np.ndarray, list]]] = {}
+    if spill_dir is not None:  # temporaries of a killed earlier run
+        for tag in ["tokens", "heldout"] + [f"{lang}.{split}" for lang in shares for split in ("train", "val")]:
+            remove_stale(Path(spill_dir) / f"tokens.{tag}.npy")
     for lang, share in shares.items():
-        docs_df = mono_df.filter(pl.col("lang") == lang).sort("doc_id")
+        docs_df = mono_df.filter(pl.col("lang") == lang).select("doc_id", "text").sort("doc_id")
+        docs_df = docs_df.collect() if lazy else docs_df
         if docs_df.height == 0:
             raise HybridlabError(f"packing: no documents for {lang}; add text for it or remove it from the languages")
         if docs_df["doc_id"].n_unique() != docs_df.height:
@@ -239,7 +323,13 @@ def pack_mixture(
         texts = [texts[j] for j in _lang_rng(seed, lang).permutation(len(texts))]
 
         rows_total = int(round(share * total_tokens / seq_len))
+        del docs_df
         train, val, info = _pack_language(lang, texts, tokenizer, rows_total, val_fraction, seq_len, eos_id, block_rows)
+        del texts
+        info["max_token_id"] = max([int(r.max()) for r, _ in (train, val) if r.size], default=-1)
+        if spill_dir is not None:  # this language's rows to disk now; memory-mapped from here on
+            train, val = (_spill(spill_dir, f"{lang}.{split}", rows, starts)
+                          for split, (rows, starts) in (("train", train), ("val", val)))
         packed[lang] = {"train": train, "val": val}
         per_lang[lang] = {"target_share": share, "target_rows": rows_total, **info}
 
@@ -247,33 +337,53 @@ def pack_mixture(
     for s in per_lang.values():
         s["achieved_share"] = s["train_tokens"] / train_total
 
-    def joined(split: str) -> tuple[np.ndarray, list, list[str]]:
-        rows = np.concatenate([packed[lang][split][0] for lang in shares]).reshape(-1, seq_len)
-        starts = [st for lang in shares for st in packed[lang][split][1]]
-        langs = [lang for lang in shares for _ in range(len(packed[lang][split][0]))]
-        return rows, starts, langs
-
-    train_all, train_starts, train_langs = joined("train")
-    val_all, val_starts, val_langs = joined("val")
+    max_id = max(s.pop("max_token_id") for s in per_lang.values())
+    counts = {split: [len(packed[lang][split][0]) for lang in shares] for split in ("train", "val")}
+    n_train, n_val = sum(counts["train"]), sum(counts["val"])
     # Shuffle whole blocks: rows inside a block stay consecutive text of one language stream.
-    block_perm = np.random.default_rng(seed).permutation(len(train_all) // block_rows)
+    block_perm = np.random.default_rng(seed).permutation(n_train // block_rows)
     perm = (block_perm[:, None] * block_rows + np.arange(block_rows)[None, :]).reshape(-1)
-    tokens_NS = np.ascontiguousarray(np.concatenate([train_all[perm], val_all]))
-    langs = [train_langs[j] for j in perm] + val_langs
-    doc_starts = [train_starts[j] for j in perm] + val_starts
-    splits = ["train"] * len(train_all) + ["val"] * len(val_all)
+    shape = (n_train + n_val, seq_len)
+    if spill_dir is not None:
+        tokens_NS = np.lib.format.open_memmap(_spill_path(spill_dir, "tokens"), mode="w+", dtype=np.int32, shape=shape)
+    else:
+        tokens_NS = np.empty(shape, dtype=np.int32)
+    # Row i of the shuffled train rows is joined train row perm[i] (languages in order); filled language by
+    # language, so only one language's rows are read at a time.
+    start = 0
+    for lang, n in zip(shares, counts["train"]):
+        rows = packed[lang]["train"][0]
+        where = np.flatnonzero((perm >= start) & (perm < start + n))
+        for lo in range(0, len(where), 8192):
+            idx = where[lo:lo + 8192]
+            tokens_NS[idx] = rows[perm[idx] - start]
+        start += n
+    at = n_train
+    for lang, n in zip(shares, counts["val"]):
+        tokens_NS[at:at + n] = packed[lang]["val"][0]
+        at += n
+    train_starts = [st for lang in shares for st in packed[lang]["train"][1]]
+    train_langs = [lang for lang, n in zip(shares, counts["train"]) for _ in range(n)]
+    langs = [train_langs[j] for j in perm] + [lang for lang, n in zip(shares, counts["val"]) for _ in range(n)]
+    doc_starts = [train_starts[j] for j in perm] + [st for lang in shares for st in packed[lang]["val"][1]]
+    splits = ["train"] * n_train + ["val"] * n_val
+    if spill_dir is not None:
+        tokens_NS.flush()
+        for lang in shares:
+            for split in ("train", "val"):
+                _drop(packed[lang][split][0])
     meta = pl.DataFrame({"row": np.arange(len(tokens_NS)), "lang": langs, "split": splits}, schema=META_SCHEMA)
     stats = {
         "seq_len": seq_len,
         "seed": seed,
         "eos_id": int(eos_id),
         "block_rows": block_rows,
-        "max_token_id": int(tokens_NS.max()) if tokens_NS.size else -1,
+        "max_token_id": max_id,
         "english_share": english_share,
         "val_fraction": val_fraction,
         "total_tokens_requested": total_tokens,
         "train_tokens": train_total,
-        "val_tokens": int(len(val_all) * seq_len),
+        "val_tokens": int(n_val * seq_len),
         "languages": per_lang,
     }
     return PackedMixture(tokens_NS=tokens_NS, meta=meta, stats=stats, doc_starts=doc_starts)
@@ -320,8 +430,24 @@ def with_parallel_heldout(mixture: PackedMixture, parallel_df: pl.DataFrame, tok
         schema=META_SCHEMA)])
     stats = {**mixture.stats, "val_tokens": int(val.size), "val_fraction": 0.0,
              "heldout": {"source": "parallel", "sentences": n_sentences, "languages": info}}
-    return PackedMixture(tokens_NS=np.ascontiguousarray(np.concatenate([mixture.tokens_NS, val])), meta=meta,
+    return PackedMixture(tokens_NS=_append_rows(mixture.tokens_NS, val), meta=meta,
                          stats=stats, doc_starts=list(mixture.doc_starts or []) + starts_all)
+
+
+def _append_rows(tokens: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """`tokens` with the rows `more` after them; a memory-mapped `tokens` (pack_mixture's spill_dir) stays
+    on disk: copied in chunks into a new temporary file next to it, the old one removed."""
+    if not isinstance(tokens, np.memmap):
+        return np.ascontiguousarray(np.concatenate([tokens, more]))
+    path = _spill_path(Path(tokens.filename).parent, "heldout")
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(len(tokens) + len(more), tokens.shape[1]))
+    for lo in range(0, len(tokens), 8192):
+        hi = min(lo + 8192, len(tokens))
+        out[lo:hi] = tokens[lo:hi]
+    out[len(tokens):] = more
+    out.flush()
+    _drop(tokens)
+    return out
 
 
 def _atomic(path: Path, write) -> None:
@@ -347,7 +473,12 @@ def write_packed(out_dir: str | Path, mixture: PackedMixture) -> None:
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in starts])
     flat = np.concatenate(starts).astype(np.int32) if starts else np.zeros(0, dtype=np.int32)
-    _atomic(out / "tokens.npy", _save_npy(mixture.tokens_NS.astype(np.int32, copy=False)))
+    tokens = mixture.tokens_NS
+    if isinstance(tokens, np.memmap) and Path(tokens.filename).parent.resolve() == out.resolve():
+        tokens.flush()  # pack_mixture(spill_dir=out) built it on disk: publish the file itself
+        publish(tokens.filename, out / "tokens.npy")
+    else:
+        _atomic(out / "tokens.npy", _save_npy(tokens.astype(np.int32, copy=False)))
     _atomic(out / "doc_starts.npy", _save_npy(flat))
     _atomic(out / "doc_offsets.npy", _save_npy(offsets))
     _atomic(out / "meta.parquet", lambda p: mixture.meta.write_parquet(p))

@@ -538,8 +538,9 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
     if params.get("stream"):
         return _pack_english_stream(params, load_tokenizer(str(tokenizer)), out, log)
     english = params["english"]
-    corpus = pl.read_parquet(mono)
-    available = set(corpus["lang"].unique().to_list())
+    # read lazily: pack_mixture loads one language's documents at a time and spills its rows to `out`
+    corpus = pl.scan_parquet(mono)
+    available = set(corpus.select("lang").unique().collect()["lang"].to_list())
     wanted = [lang for lang in params["languages"] if lang != english]
     missing = [lang for lang in wanted if lang not in available]
     if missing:  # reported, not silently dropped
@@ -552,7 +553,7 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
                            english_share=params["english_share"] if languages else 1.0,
                            seq_len=params["seq_len"], total_tokens=params["total_tokens"],
                            val_fraction=0.0 if heldout else params["val_fraction"], seed=params["seed"],
-                           block_rows=params.get("block_rows", 1))
+                           block_rows=params.get("block_rows", 1), spill_dir=out)
     if heldout:  # held-out rows from the parallel corpus (never trained on) instead of mixture documents
         from hybridlab.data.packing import with_parallel_heldout
 
