@@ -1,18 +1,29 @@
-"""Model stages of the GPU acceptance script: the device probe, the distillation step and NIAH generation.
+"""Model stages of the GPU acceptance script: the device probe, the warm-up, the distillation step and NIAH.
 
 - `device`: what the orchestrator needs before the other stages: device name and memory, library
   versions, whether fla imports, and on CPU the measured fp32 matmul throughput (the dry run's MFU
   reference, `_common.measure_matmul_gflops`).
+- `warmup`: pays Triton's compilation and fla's autotuning before the timed stages, one record per
+  item with its seconds (reported apart from the stages' timings). Compiled kernels land in Triton's
+  cache directory, and with `TRITON_CACHE_AUTOTUNING=1` (set by the orchestrator) the autotuning
+  results too, so the later stages' processes load them instead of compiling. Items: the kernel
+  stage's ops at its shape (forward + backward, fp32 and bf16), and per distillation model a 4-layer
+  hybrid of its width with bf16 parameters: one training forward + backward at the timed sequence
+  length under bf16 autocast (the distillation stage's kernels), and a no-grad generation of 2 tokens
+  (prefill and decoding kernels of the NIAH stage).
 - `distill`: one Qwen3-shaped random student, converted to a hybrid with the project's conversion
   (`standard_periodic` placement at the paper preset's `fa_ratio`, GDN mixers), trained for stage 2
-  through the project's loop (`hybridlab.train.loop.train`: bf16 autocast on CUDA, the frozen bf16
-  teacher's forward, the chunked KL of `distill.Stage2Task`, backward, gradient clipping, AdamW step)
-  with the paper preset's distillation settings (KL chunking, activation checkpointing, lr schedule)
-  at seq 4096. Reported: tokens/s, achieved FLOP/s and the FLOPs counted by
+  through the project's loop and its sharded engine (`hybridlab.train.loop.train` with
+  `fsdp="always"`: FSDP2 in a group of one, bf16 parameters with fp32 master shards on CUDA, the frozen
+  bf16 teacher's forward, the chunked KL of `distill.Stage2Task`, backward, gradient clipping, AdamW
+  step) with the paper preset's distillation settings (KL chunking, activation checkpointing, lr
+  schedule) at seq 4096; the memory plan's line is the one for the same world size (1) and sharding. Reported: tokens/s, achieved FLOP/s and the FLOPs counted by
   `train_throughput.FlopCounter` (student forward + backward + teacher forward), the peak memory of
   the timed updates (`torch.cuda.max_memory_allocated` after a reset at the first timed update; on
-  CPU the live model bytes plus `plan.measure_peak_bytes` of the run) and the memory plan's estimate
-  (`plan.estimate_step`) with its relative error.
+  CPU the teacher's live bytes plus `plan.measure_peak_bytes` of the run, which allocates the student's
+  shards while the engine frees the student's own weights) and the memory plan's estimate
+  (`plan.estimate_step`) with its relative error. The untimed first update is reported as
+  `warmup_update_s`.
 
 Also the Qwen3 shapes and model builders the NIAH stage (`_acceptance_niah.py`) shares. Weights are
 random: the stages measure cost, not quality.
@@ -26,6 +37,7 @@ import importlib.metadata
 import platform
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -80,6 +92,57 @@ def run_device(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     if spec["dry_run"]:
         row["cpu_matmul_gflops"] = max(measure_matmul_gflops((256, 512), reps=3).values())
     yield row
+
+
+def run_warmup(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Compile and autotune every kernel the timed stages call (see the module docstring); one record per item."""
+    import _acceptance_kernels as kernels
+
+    cuda = not spec["dry_run"]
+    device = "cuda" if cuda else "cpu"
+
+    def timed(what: str, fn) -> dict[str, Any]:
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return {"what": what, "seconds": time.perf_counter() - start}
+
+    k = spec["kernels"]
+    gen = torch.Generator().manual_seed(0)
+    for op in kernels.OPS:
+        chunk, _ = kernels._ops(op)
+        base = kernels.make_inputs(op, k["T"], k["H"], k["K"], k["V"])
+        for label, dtype in kernels.DTYPES.items():
+            x = {n: (t.to(dtype) if n in ("q", "k", "v") else t).to(device) for n, t in base.items()}
+            d_o = torch.randn(1, k["T"], k["H"], k["V"], generator=gen).to(device, dtype)
+            d_s = torch.randn(1, k["H"], k["K"], k["V"], generator=gen).to(device)
+            yield timed(f"kernel {op} {label}", lambda: kernels.forward_backward(chunk, op, x, d_o, d_s))
+    fa_ratio = paper_settings()["fa_ratio"]
+    T = spec["seq_len"]
+    for name in spec["models"]:
+        config = qwen3_config(name, spec["dry_run"], max_positions=T)
+        config.num_hidden_layers = 4
+        hybrid = to_hybrid(build_dense(config, device, torch.float32), fa_ratio, device, inplace=True)
+        if cuda:  # the sharded engine computes with bf16 parameters (buffers stay fp32, as under FSDP2)
+            for prm in hybrid.parameters():
+                prm.data = prm.data.to(torch.bfloat16)
+        ids = torch.randint(config.vocab_size, (1, T), generator=gen).to(device)
+
+        def train_step():
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
+                hybrid(input_ids=ids).logits.float().mean().backward()
+
+        def generate():
+            with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=cuda):
+                hybrid.generate(ids, max_new_tokens=2, do_sample=False, attention_mask=torch.ones_like(ids))
+
+        yield timed(f"{name} training forward + backward", train_step)
+        yield timed(f"{name} generation (prefill + 2 tokens)", generate)
+        del hybrid
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 # ---- models ----------------------------------------------------------------------------------------
@@ -234,10 +297,11 @@ class _Student:
         def run_loop():
             with tempfile.TemporaryDirectory(prefix="gpu_acceptance_") as out_dir:
                 run = {k: v for k, v in d["stage2"].items() if k not in ("token_budget", "steps")}
+                # fsdp "always": FSDP2 at world size 1, the multi-GPU path (bf16 parameters on CUDA)
                 cfg = TrainConfig.from_dict({**run, "steps": warmup + steps + 1, "micro_batch_size": mb,
                                              "grad_accum": accum, "seq_len": T, "warmup_steps": 1,
                                              "out_dir": out_dir, "eval_every": None, "ckpt_every": None,
-                                             "progress": False, "log_every": 1000})
+                                             "progress": False, "log_every": 1000, "fsdp": "always"})
                 try:
                     train(self.student, probe, rows, cfg, on_step_start=probe.on_step_start,
                           grad_norm_groups=dist.grad_norm_groups())
@@ -250,9 +314,10 @@ class _Student:
             out.update(peak_bytes=int(torch.cuda.max_memory_allocated()),
                        peak_kind="cuda max_memory_allocated over the timed updates")
         elif plan is not None:
-            _, delta = plan.measure_peak_bytes(run_loop)
-            out.update(peak_bytes=out["resident_model_bytes"] + int(delta),
-                       peak_kind="live model bytes + plan.measure_peak_bytes of the run")
+            teacher_bytes = live_bytes(self.teacher)
+            _, delta = plan.measure_peak_bytes(run_loop)  # the student's shards are allocated inside the run
+            out.update(peak_bytes=teacher_bytes + int(delta),
+                       peak_kind="live teacher bytes + plan.measure_peak_bytes of the sharded run")
         else:
             run_loop()
             out.update(peak_bytes=None, peak_kind="not measured on CPU without plan.measure_peak_bytes")
@@ -260,6 +325,7 @@ class _Student:
         update_s = statistics.median(dt)
         tokens = statistics.median(probe.tokens[warmup:warmup + steps])
         flops = statistics.median(probe.flops[warmup:warmup + steps])
+        out["warmup_update_s"] = probe.starts[warmup] - probe.starts[0] if len(probe.starts) > warmup else None
         return out | {"update_s": update_s, "tokens_per_update": tokens, "flops_per_update": flops,
                       "tokens_per_s": tokens / update_s, "flops_per_s": flops / update_s}
 
@@ -267,8 +333,9 @@ class _Student:
 def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """One stage-2 distillation benchmark (see the module docstring); yields one record.
 
-    A CUDA out-of-memory error halves the micro batch and retries (down to 1); the sizes that did not
-    fit are listed in `oom_micro_batches`, and an OOM at micro batch 1 is the result.
+    A CUDA out-of-memory error halves the micro batch and retries (down to 1) with a fresh student (the
+    sharded engine leaves an abandoned run's weights on meta); the sizes that did not fit are listed in
+    `oom_micro_batches`, and an OOM at micro batch 1 is the result.
     """
     job = _Student(spec)
     plan, plan_reason = plan_module()
@@ -281,7 +348,8 @@ def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
         "student_params": sum(p.numel() for p in job.student.parameters()),
         "fa_layers": job.student.hybridlab_spec.fa_layers, "mixer": MIXER,
         "checkpointing": bool(job.d["gradient_checkpointing"]), "kl_chunk_tokens": job.d["kl_chunk_tokens"],
-        "precision": "bf16 autocast, fp32 weights" if job.cuda else "fp32", "oom": False, "oom_micro_batches": [],
+        "precision": "bf16 parameters (fp32 master shards), bf16 autocast" if job.cuda else "fp32",
+        "sharding": "FSDP2 (fsdp=always), world size 1", "oom": False, "oom_micro_batches": [],
     }
     while True:
         record["micro_batch"] = mb
@@ -292,8 +360,7 @@ def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
             message = f"CUDA out of memory at micro batch {mb}: {str(exc)[:200]}"
         # outside the except block, so the traceback (and the tensors its frames hold) can be freed
         record["oom_micro_batches"].append(mb)
-        for p in job.student.parameters():
-            p.grad = None
+        del job
         gc.collect()
         torch.cuda.empty_cache()
         if mb == 1:
@@ -301,6 +368,7 @@ def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield record
             return
         mb //= 2
+        job = _Student(spec)
     record.update(plan_fields(plan, plan_reason, job.config, record, job.mixer_layers, job.cuda, job.d))
     yield record
 
@@ -325,5 +393,5 @@ def plan_fields(plan, reason, config, record, mixer_layers, cuda, d) -> dict[str
     return out
 
 
-STAGES = {"device": run_device, "distill": run_distill}
+STAGES = {"device": run_device, "warmup": run_warmup, "distill": run_distill}
 

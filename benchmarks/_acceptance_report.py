@@ -7,7 +7,7 @@ line stays strict JSON).
 
 Targets: `distill_mfu_qwen3_4b` (MFU >= 0.40 at 4B shapes) and `plan_within_15pct_<model>`
 (|plan estimate - measured peak| / measured peak <= 0.15). Checks: every kernel row within its
-tolerances, the CUDA tests without failures, the pipeline finished, every distillation and NIAH run
+tolerances, the CUDA tests without failures, the warm-up finished, every distillation and NIAH run
 measured (an OOM counts as measured: it is a result). `pass` is true only if every target and check
 passed; a null counts as not passed.
 """
@@ -25,7 +25,8 @@ DISTILL_MODELS = ("qwen3_0.6b", "qwen3_4b")
 NIAH_MODELS = ("hybrid", "dense")
 NIAH_LABELS = ("32k", "128k")  # the dry run keeps the labels at its miniature lengths
 DISTILL_FIELDS = ("seq_len", "micro_batch", "micro_batch_reason", "oom_micro_batches", "grad_accum", "paper_grad_accum", "student_params",
-                  "fa_layers", "checkpointing", "precision", "oom", "update_s", "tokens_per_update",
+                  "fa_layers", "checkpointing", "precision", "sharding", "oom", "warmup_update_s", "update_s",
+                  "tokens_per_update",
                   "flops_per_update", "tokens_per_s", "flops_per_s", "mfu", "peak_bytes", "peak_kind",
                   "resident_model_bytes", "plan_estimate", "plan_estimate_allocated", "plan_terms", "plan_rel_err",
                   "plan_reason", "error")
@@ -110,9 +111,10 @@ def build(stages: dict[str, dict[str, Any]], *, dry_run: bool, time_limit: float
     cuda_tests = {key: stages.get("cuda_tests", {}).get(key) for key in (
         "status", "reason", "seconds", "budget_s", "command", "returncode", "passed", "failed", "skipped", "errors",
         "log_tail")}
-    pipe = stages.get("pipeline", {})
-    pipeline = {key: pipe.get(key) for key in ("status", "reason", "seconds", "budget_s", "mode", "device_switch",
-                                                "returncode", "jobs", "jobs_done", "log_tail")}
+    w = stages.get("warmup", {})
+    items = [{"what": r.get("what"), "seconds": r.get("seconds")} for r in w.get("rows", [])]
+    warmup = _stage_head(w) | {"items": items,
+                               "items_s": sum(i["seconds"] for i in items if isinstance(i["seconds"], (int, float)))}
     distill = {m: distill_entry(stages.get(f"distill:{m}", {}), peak) for m in DISTILL_MODELS}
     niah = {m: niah_entry(stages.get(f"niah:{m}", {}), niah_contexts) for m in NIAH_MODELS}
 
@@ -136,11 +138,11 @@ def build(stages: dict[str, dict[str, Any]], *, dry_run: bool, time_limit: float
     checks = {
         "kernels": stage_ok(kernels) and bool(kernel_rows) and all(r["pass"] is True for r in kernel_rows),
         "cuda_tests": tests_ok,
-        "pipeline": stage_ok(pipeline),
+        "warmup": stage_ok(warmup),
         "distill_measured": all(stage_ok(d) or d["status"] == "oom" for d in distill.values()),
         "niah_measured": all(stage_ok(n) and all(r["measured"] for r in n["results"].values()) for n in niah.values()),
     }
     passed = all(t["pass"] is True for t in targets.values()) and all(checks.values())
     return clean({"schema": SCHEMA, "dry_run": dry_run, "time_limit_s": time_limit, "elapsed_s": round(elapsed, 2),
-                  "device": device, "kernels": kernels, "cuda_tests": cuda_tests, "pipeline": pipeline,
+                  "device": device, "warmup": warmup, "kernels": kernels, "cuda_tests": cuda_tests,
                   "distill": distill, "niah": niah, "targets": targets, "checks": checks, "pass": passed})

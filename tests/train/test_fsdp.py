@@ -201,3 +201,30 @@ def test_sharded_muon_is_torch_muon_on_plain_tensors():
         out.append(w.detach().clone())
     assert not torch.equal(out[0], w0)
     assert torch.equal(out[0], out[1])
+
+
+def test_a_one_process_sharded_engine_frees_the_callers_weights_and_gives_them_back():
+    """fsdp="always" in this process (a gloo group of one): while sharded, the caller's parameters are meta
+    stand-ins and the originals are freed; finish() puts the (unchanged) weights back on the device."""
+    import gc
+    import weakref
+
+    from hybridlab.train.distributed import init_distributed
+    from hybridlab.train.fsdp import Engine
+
+    model = _worker().qwen()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    refs = [weakref.ref(p) for p in model.parameters()]
+    ctx = init_distributed("cpu", "always")
+    try:
+        assert ctx.shards and ctx.grouped and ctx.world_size == 1
+        engine = Engine(model, ctx, bf16_params=True)
+        gc.collect()
+        assert [r() for r in refs] == [None] * len(refs)
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+        engine.finish()
+    finally:
+        ctx.close()
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie survives

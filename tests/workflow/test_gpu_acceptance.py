@@ -1,5 +1,6 @@
 """benchmarks/gpu_acceptance.sh: the CPU dry run prints one JSON line of the documented shape with sane values;
-the report's pass/fail rules, the kernel check's sensitivity to a wrong backward, budgets that stop a stage."""
+the report's pass/fail rules, the kernel check's sensitivity to a wrong backward, budgets that stop a stage and
+add up to the 6-minute limit with the warm-up, no network step."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _acceptance_kernels as kernels  # noqa: E402
+import _acceptance_models as models  # noqa: E402
 import _acceptance_report as report  # noqa: E402
 import gpu_acceptance  # noqa: E402
 
-TOP_KEYS = {"schema", "dry_run", "time_limit_s", "elapsed_s", "device", "kernels", "cuda_tests", "pipeline", "distill",
+TOP_KEYS = {"schema", "dry_run", "time_limit_s", "elapsed_s", "device", "warmup", "kernels", "cuda_tests", "distill",
             "niah", "targets", "checks", "pass"}
 TARGETS = {"distill_mfu_qwen3_4b", "plan_within_15pct_qwen3_0.6b", "plan_within_15pct_qwen3_4b"}
 
@@ -49,8 +51,10 @@ def test_dry_run_prints_one_json_line_also_written_to_out(dry_run):
     assert json.loads(out.read_text()) == rep
     assert set(rep) == TOP_KEYS and rep["schema"] == report.SCHEMA and rep["dry_run"] is True
     assert rep["elapsed_s"] < rep["time_limit_s"] and elapsed < 300
-    for name in ("kernels", "cuda_tests", "pipeline"):
+    for name in ("warmup", "kernels", "cuda_tests"):
         assert rep[name]["status"] == "ok", (name, rep[name])
+    assert len(rep["warmup"]["items"]) == len(kernels.OPS) * len(kernels.DTYPES) + 2 * len(report.DISTILL_MODELS)
+    assert 0 < rep["warmup"]["items_s"] <= rep["warmup"]["seconds"]
     assert rep["device"]["type"] == "cpu" and rep["device"]["peak_flops"] > 1e8
 
 
@@ -78,6 +82,7 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
         assert d["tokens_per_s"] == pytest.approx(d["tokens_per_update"] / d["update_s"])
         assert d["mfu"] == pytest.approx(d["flops_per_s"] / rep["device"]["peak_flops"]) and 0 < d["mfu"] < 1
         assert d["peak_bytes"] > d["resident_model_bytes"] > 0
+        assert d["sharding"] == "FSDP2 (fsdp=always), world size 1" and d["warmup_update_s"] > 0
         if d["plan_estimate"] is None:  # the plan may be missing; then it says why
             assert d["plan_reason"]
         else:
@@ -89,7 +94,6 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
         assert set(n["results"]) == set(report.NIAH_LABELS)
         for r in n["results"].values():
             assert r["measured"] and not r["oom"] and _finite(r["seconds"]) and r["peak_bytes"] > 0
-    assert rep["pipeline"]["jobs"] > 10 and rep["pipeline"]["device_switch"].startswith("none")
     assert set(rep["targets"]) == TARGETS and all(isinstance(t["pass"], bool) for t in rep["targets"].values())
     assert rep["checks"] == {k: True for k in rep["checks"]}
     assert rep["pass"] is False  # the CPU reaches nowhere near 40 % MFU
@@ -100,7 +104,7 @@ def test_gpu_mode_without_a_gpu_skips_every_stage_with_the_reason(capsys):
     rep = gpu_acceptance.main([])
     assert json.loads(capsys.readouterr().out) == rep and set(rep) == TOP_KEYS
     assert rep["device"]["status"] == "ok" and rep["device"]["type"] == "cpu"
-    for stage in (rep["kernels"], rep["cuda_tests"], rep["pipeline"], *rep["distill"].values(), *rep["niah"].values()):
+    for stage in (rep["warmup"], rep["kernels"], rep["cuda_tests"], *rep["distill"].values(), *rep["niah"].values()):
         assert stage["status"] == "skipped" and "no CUDA device" in stage["reason"]
     assert all(t["pass"] is None and "no CUDA device" in t["reason"] for t in rep["targets"].values())
     assert rep["pass"] is False and not any(rep["checks"].values())
@@ -142,7 +146,7 @@ def test_report_targets_pass_fail_and_null_with_reason():
     stages = {"device": _stage(rows=[{"type": "cuda", "name": "NVIDIA H200"}]),
               "distill:qwen3_4b": _stage(rows=[distill]),
               "distill:qwen3_0.6b": _stage(rows=[{**distill, "plan_rel_err": -0.2}])}
-    rep = report.build(stages, dry_run=False, time_limit=480, elapsed=1.0, override_tflops=None,
+    rep = report.build(stages, dry_run=False, time_limit=360, elapsed=1.0, override_tflops=None,
                        niah_contexts=[32768, 131072], kernel_shape={})
     t = rep["targets"]
     assert t["distill_mfu_qwen3_4b"]["value"] == pytest.approx(0.45) and t["distill_mfu_qwen3_4b"]["pass"] is True
@@ -154,7 +158,7 @@ def test_report_targets_pass_fail_and_null_with_reason():
         "plan_estimate": None, "plan_rel_err": None, "measured": False}
     assert rep["checks"]["kernels"] is False and rep["pass"] is False
     stages["distill:qwen3_4b"] = _stage("skipped")
-    t = report.build(stages, dry_run=False, time_limit=480, elapsed=1.0, override_tflops=None,
+    t = report.build(stages, dry_run=False, time_limit=360, elapsed=1.0, override_tflops=None,
                      niah_contexts=[1, 2], kernel_shape={})["targets"]["distill_mfu_qwen3_4b"]
     assert t["pass"] is None and t["value"] is None and t["reason"] == "why"
 
@@ -190,3 +194,42 @@ def test_bad_arguments_are_one_line_usage_errors(capsys):
         with pytest.raises(SystemExit):
             gpu_acceptance.parse_args(argv)
         assert "error:" in capsys.readouterr().err
+
+
+def test_stage_budgets_with_the_warm_up_add_up_to_the_six_minute_limit():
+    assert gpu_acceptance.TIME_LIMIT_S == 360
+    assert set(gpu_acceptance.BUDGETS) == set(gpu_acceptance.STAGES)
+    assert sum(gpu_acceptance.BUDGETS.values()) <= gpu_acceptance.TIME_LIMIT_S
+    # the warm-up runs right after the device probe, before every stage it compiles for
+    assert gpu_acceptance.STAGES[:2] == ("device", "warmup")
+    spec = gpu_acceptance.stage_specs(False, None)["warmup"]
+    assert spec["kernels"] == gpu_acceptance.stage_specs(False, None)["kernels"]
+    assert spec["models"] == list(report.DISTILL_MODELS) and spec["seq_len"] == 4096
+
+
+def test_no_stage_touches_the_network():
+    """No download, package manager or DAG build (the smoke DAG fetches Debian packages) in any stage; the
+    wrapper and the orchestrator set the Hugging Face libraries offline."""
+    bench = ROOT / "benchmarks"
+    files = [bench / "gpu_acceptance.sh", bench / "gpu_acceptance.py", *sorted(bench.glob("_acceptance_*.py"))]
+    assert len(files) == 6
+    for f in files:
+        text = f.read_text()
+        for word in ("apt-get", "apt ", "snakemake", "pip install", "urllib", "requests", "socket", "curl", "wget",
+                     "git clone", "hf_hub_download", "snapshot_download", "from_pretrained", "load_dataset"):
+            assert word not in text, (f.name, word)
+    wrapper = (bench / "gpu_acceptance.sh").read_text()
+    assert "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1" in wrapper
+    assert "pipeline" not in gpu_acceptance.STAGES
+
+
+def test_the_warm_up_compiles_each_kernel_and_model_once_and_reports_its_seconds():
+    rows = list(models.run_warmup({"dry_run": True, "kernels": dict(T=16, H=2, K=8, V=8), "models": ["qwen3_0.6b"],
+                                   "seq_len": 16}))
+    assert [r["what"] for r in rows] == [f"kernel {o} {d}" for o in kernels.OPS for d in kernels.DTYPES] + [
+        "qwen3_0.6b training forward + backward", "qwen3_0.6b generation (prefill + 2 tokens)"]
+    assert all(r["seconds"] > 0 for r in rows)
+    rep = report.build({"warmup": _stage(rows=rows)}, dry_run=True, time_limit=360, elapsed=1.0,
+                       override_tflops=None, niah_contexts=[1, 2], kernel_shape={})
+    assert rep["warmup"]["items_s"] == pytest.approx(sum(r["seconds"] for r in rows))
+    assert rep["checks"]["warmup"] is True

@@ -120,7 +120,9 @@ class Engine:
                 b_work.copy_(b_src)
         set_model_state_dict(work, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         del full_sd
-        _park_on_meta(self._slots)  # the caller's full weights are not needed until finish()
+        # The caller's full weights are not needed until finish(): with no reference left (the slots hold the
+        # meta stand-ins too) their memory is freed.
+        self._slots = _park_on_meta(self._slots)
         self.model = work
         bad = [n for n, p in work.named_parameters() if p.requires_grad and not isinstance(p, DTensor)]
         if bad:
@@ -292,12 +294,16 @@ def _meta_copy(model: nn.Module) -> tuple[nn.Module, list]:
     return work, slots
 
 
-def _park_on_meta(slots) -> None:
+def _park_on_meta(slots) -> list:
+    """Put meta stand-ins (same shape, dtype, requires_grad; ties kept) into the slots; the slots with them."""
     metas: dict[int, nn.Parameter] = {}
-    for mod, attr, _, p in slots:
+    out = []
+    for mod, attr, name, p in slots:
         if id(p) not in metas:
             metas[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
         mod._parameters[attr] = metas[id(p)]
+        out.append((mod, attr, name, metas[id(p)]))
+    return out
 
 
 def _restore_from(slots, full: dict[str, torch.Tensor], device: torch.device) -> None:
