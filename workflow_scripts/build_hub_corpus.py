@@ -2,7 +2,7 @@
 FineWeb/DCLM.
 
 Writes the same files as the offline builder: parallel.parquet, mono.parquet, manifest.json
-(`hybridlab.data.hub.build_hub_corpus`). Param `local_sources` ({flores_plus, flores200, fineweb2, fineweb,
+(`hybridlab.data.hub.build_hub_corpus`), the monolingual text streamed one language at a time. Param `local_sources` ({flores_plus, flores200, fineweb2, fineweb,
 dclm}: directory or null, from the config key of the same name) points at local copies in each hub's own
 layout (see `hybridlab.data.local_sources`); null reads the hub, or its snapshot in the HF cache when
 HF_HUB_OFFLINE=1. `flores200` set: the parallel text is the FLORES-200 text release. HF_TOKEN: the hub token.

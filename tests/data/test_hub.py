@@ -188,3 +188,24 @@ def test_dclm_zstd_shards(tmp_path):
     raw = "".join(json.dumps({"text": t}) + "\n" for t in ["α", "β"]).encode()
     (folder / "shard_00000000_processed.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
     assert hub.load_english_web(5, "dclm", local=tmp_path / "dclm")["text"].to_list() == ["α", "β"]
+
+
+def test_write_frames_appends_languages_one_at_a_time_and_reads_back_as_their_concat(tmp_path):
+    """The hub corpus writes mono.parquet language by language (one language's documents in memory)."""
+    from hybridlab.data.hub import MONO_SCHEMA, write_frames
+
+    frames = [pl.DataFrame({"doc_id": [f"{lang}/{i}" for i in range(n)], "lang": [lang] * n,
+                            "text": [f"text {lang} {i}" for i in range(n)], "source": ["x"] * n}, schema=MONO_SCHEMA)
+              for lang, n in (("tel_Telu", 3), ("amh_Ethi", 2), ("eng_Latn", 4))]
+    seen = []
+
+    def one_at_a_time():
+        for df in frames:
+            seen.append(df.height)
+            yield df
+
+    counts = write_frames(one_at_a_time(), tmp_path / "mono.parquet", MONO_SCHEMA)
+    assert counts == {"tel_Telu": 3, "amh_Ethi": 2, "eng_Latn": 4} and seen == [3, 2, 4]
+    assert pl.read_parquet(tmp_path / "mono.parquet").equals(pl.concat(frames))
+    assert write_frames(iter([]), tmp_path / "empty.parquet", MONO_SCHEMA) == {}
+    assert pl.read_parquet(tmp_path / "empty.parquet").schema == MONO_SCHEMA

@@ -51,6 +51,7 @@ a warning.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import lzma
 import re
@@ -387,6 +388,7 @@ def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = N
     `ntrex128` set: the monolingual text is NTREX-128 for mono_languages plus English, grouped by
     `ntrex_sentences_per_doc` (default 16) sentences per document (the FineWeb-2 / web counts are then
     unused). English comes first among the parallel languages; it is never a FineWeb-2 language.
+    mono.parquet is written one language at a time (`write_frames`), so memory holds one language's documents.
     `token`: the hub token.
     """
     import json
@@ -410,30 +412,56 @@ def build_hub_corpus(params: dict, out_dir: str | Path, *, token: str | None = N
     if local.get("ntrex128"):
         if local.get("fineweb2"):
             raise HybridlabError("local_sources sets both fineweb2 and ntrex128; keep the one monolingual source")
-        mono = load_ntrex128(mono_langs + [english], local=local["ntrex128"],
-                             sentences_per_doc=params.get("ntrex_sentences_per_doc", 16))
+        frames = iter([load_ntrex128(mono_langs + [english], local=local["ntrex128"],
+                                     sentences_per_doc=params.get("ntrex_sentences_per_doc", 16))])
         mono_sources = {"mono": f"ntrex128:{local['ntrex128']}", "english": f"ntrex128:{local['ntrex128']}"}
     else:
         web = params.get("english_web", "fineweb")
-        mono = pl.concat([
-            load_fineweb2(mono_langs, params["fineweb2_docs_per_language"], local=local.get("fineweb2"),
-                          token=token),
-            load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token),
-        ])
+        # one language at a time: streamed, appended to mono.parquet, dropped
+        n_docs = params["fineweb2_docs_per_language"]
+        frames = itertools.chain(
+            (stream_docs("fineweb2", dataset_config(lang, "fineweb2"), n_docs, lang=lang, source="fineweb2",
+                         local=local.get("fineweb2"), token=token) for lang in mono_langs),
+            (load_english_web(params["english_web_docs"], source=web, local=local.get(web), token=token)
+             for _ in range(1)))
         mono_sources = {"mono": str(local.get("fineweb2") or FINEWEB2),
                         "english": str(local.get(web) or HUB_NAMES[web])}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out / "mono.parquet") as tmp:
+        mono_docs = write_frames(frames, tmp, MONO_SCHEMA)
     manifest = {
         "source": "hub",
         "datasets": {"parallel": par_source, **mono_sources},
         "parallel": parallel.group_by("lang").len().sort("lang").rows(),
-        "mono_docs": mono.group_by("lang").len().sort("lang").rows(),
+        "mono_docs": sorted(mono_docs.items()),
         "unavailable": {},
         "config": params,
     }
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, df in (("parallel", parallel), ("mono", mono)):
-        with atomic_file(out / f"{name}.parquet") as tmp:
-            df.write_parquet(tmp)
+    with atomic_file(out / "parallel.parquet") as tmp:
+        parallel.write_parquet(tmp)
     write_text(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
+
+
+def write_frames(frames: Iterator[pl.DataFrame], path: str | Path, schema: dict) -> dict[str, int]:
+    """Write `frames` (each with `schema`) one after another into one parquet file at `path`, holding one
+    frame at a time; returns the rows per ``lang``. Read back it is the frames' concatenation."""
+    import pyarrow.parquet as pq
+
+    counts: dict[str, int] = {}
+    writer = None
+    try:
+        for df in frames:
+            table = df.cast(schema).to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(str(path), table.schema, compression="zstd")
+            writer.write_table(table)
+            for lang, n in df.group_by("lang").len().rows():
+                counts[lang] = counts.get(lang, 0) + n
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        pl.DataFrame(schema=schema).write_parquet(path)
+    return counts
