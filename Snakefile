@@ -15,6 +15,28 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+
+
+# A lock left by a killed build (SIGKILL, OOM, power cut) is removed here, so the same command goes on;
+# the owner record that tells a dead build from a live one is written once the build starts.
+if workflow.is_main_process:
+    _stale = clear_stale_lock()
+    if _stale:
+        print(_stale, file=sys.stderr)
+
+
+onstart:
+    record_owner()
+
+
+onsuccess:
+    forget_owner()
+
+
+onerror:
+    forget_owner()
+
+
 include: "rules/data.smk"
 include: "rules/models.smk"
 include: "rules/train.smk"

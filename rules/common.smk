@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from hybridlab.config import config_hash, experiment_seeds, placement_seeds, resolve, studies, validate
 from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, check_paths, job_environment, local_sources
 from hybridlab.data.tokenizer import teacher_key, teacher_name
+from hybridlab.build_lock import clear_stale_lock, forget_owner, record_owner
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.pairs import model_slug
 from hybridlab.plots import figures as _registry

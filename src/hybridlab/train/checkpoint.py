@@ -120,7 +120,10 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizer
         dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
         barrier()
         if is_main:
-            torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, tmp / STATE_FILE)
+            # through a Python file object: a full disk then raises OSError(ENOSPC); torch's own path writer
+            # reports it as a bare RuntimeError that names neither the cause nor the file
+            with open(tmp / STATE_FILE, "wb") as f:
+                torch.save({**state, "format": FORMAT_VERSION, "step": step, "optim_held": held}, f)
             write_manifest(tmp)  # last: the checksums of every file above
             for f in tmp.iterdir():
                 _fsync(f)

@@ -25,8 +25,33 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from hybridlab.data.packing import batch_to, in_document_targets, split_batch
-from hybridlab.train.distill import final_hidden, lm_head_side
-from hybridlab.train.losses import Side, ce_chunked, token_nll_chunked
+from hybridlab.errors import HybridlabError
+from hybridlab.train.losses import Projected, Side, ce_chunked, token_nll_chunked
+
+
+def lm_head_side(model: nn.Module, hidden_BTD: torch.Tensor) -> Projected:
+    """The model's logits for final hidden states, as a `Projected` (see module docstring)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "final_logit_softcapping", None):
+        raise HybridlabError(f"{type(model).__name__} soft-caps its logits (final_logit_softcapping), which the "
+                             "chunked KL does not model; distil a model without logit soft-capping")
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise HybridlabError(f"{type(model).__name__}'s output head is {type(head).__name__}, not a Linear; "
+                             "the chunked KL needs a linear vocabulary projection")
+    scaling = getattr(config, "logits_scaling", None)
+    return Projected(hidden_BTD, head.weight, head.bias, 1.0 / scaling if scaling else 1.0)
+
+
+def final_hidden(model: nn.Module, batch) -> torch.Tensor:
+    """Final (post-norm) hidden states from the decoder stack alone; the head is never applied.
+
+    ``batch``: input ids ``[B, T]``, or ``hybridlab.data.packing.Documents`` whose ``position_ids`` keep
+    attention (transformers' packed-sequence mask) and the mixers' state inside each document.
+    """
+    ids, pos = split_batch(batch)
+    extra = {} if pos is None else {"position_ids": pos}
+    return model.get_decoder()(input_ids=ids, use_cache=False, **extra).last_hidden_state
 
 
 def projects_logits(model: nn.Module) -> bool:
