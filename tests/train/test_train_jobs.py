@@ -194,6 +194,23 @@ def test_distill_stops_on_nan_heldout_metrics_and_publishes_nothing(corpus, teac
     assert not (tmp_path / "out").exists()
 
 
+def test_distill_sharded_in_one_process_publishes_the_unsharded_runs_model(corpus, teacher, student, tmp_path):
+    """fsdp: always (FSDP2 in a group of one) with a weights-only end: the 0-token point and the published
+    weights are the plain run's (fp32: the runs differ only in how the gradient norm is summed)."""
+    plain, sharded = _distill_params(), _distill_params()
+    sharded["stage2"] = {**sharded["stage2"], "fsdp": "always"}
+    sharded["final_checkpoint"] = "weights"
+    out = {}
+    for name, params in (("plain", plain), ("sharded", sharded)):
+        out[name] = jobs.distill(params, stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+                                 work=tmp_path / f"w-{name}", out=tmp_path / name)
+    assert out["sharded"]["initial"] == pytest.approx(out["plain"]["initial"], rel=1e-6)
+    assert out["sharded"]["final"] == pytest.approx(out["plain"]["final"], rel=1e-5)
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("plain", "sharded"))
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max((a[k] - load_file(student / "model.safetensors")[k]).abs().max().item() for k in a) > 1e-4
+
+
 # ---- BLD --------------------------------------------------------------------------------------------------------
 
 
