@@ -55,6 +55,9 @@ def test_paper_estimates_by_hand(paper):
     assert rules["convert"].disk_bytes == 2 * big
     assert rules["distill_stage2"].host_bytes == pytest.approx(4 * (3 * GB + 4 * big + 2 * teacher), abs=4)
     assert rules["teacher"].disk_bytes == 2 * max(teacher, granite)
+    # SoftCKA of a further seed: a student plus English and one language's fp32 states of 8 layers x 2 kinds,
+    # 1000 sentences of up to 64 tokens, width 2560
+    assert rules["eval_softcka_seed"].host_bytes == pytest.approx(3 * GB + 4 * big + 2 * 16 * 1000 * 64 * 2560 * 4, abs=1)
     # stage 2: 1e9 tokens x (2 x teacher + 6 x student) FLOPs on 4 GPUs at 150 TFLOP/s, x 1.5, + 30 min
     minutes = 1e9 * (2 * teacher + 6 * big) / (4 * 150e12) / 60 * 1.5 + 30
     assert rules["distill_stage2"].minutes == pytest.approx(minutes, abs=1)

@@ -62,6 +62,11 @@ HUB_MODEL_PARAMS = {
     "CohereLabs/tiny-aya-global": 3.5e9,
 }
 
+# SoftCKA keeps the English and one other language's captured token states on the host (fp32) for the
+# layers of one pass: tokens per sentence (assumed mean bound: FLORES sentences are ~25-35 tokens in English
+# with these tokenizers, more in some scripts) and the widest model's hidden size (the 7B OLMo models: 4096).
+SENTENCE_TOKENS = 64
+HUB_HIDDEN_BOUND = 4096
 # Fixed allowances: rule -> (mem_mb, runtime minutes, disk_mb) for offline presets (smoke, tiny) and hub
 # presets (paper, rehearsal, real). At the paper preset derived values replace them where a formula exists.
 _SMALL = ((2000, 10, 1000), (2000, 10, 1000))
@@ -291,11 +296,19 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     largest_hub = max([_hub_params(m) for m in hub], default=0)
     largest_dag = max(list(P_s.values()) + list(P_t.values()))
     biggest = max(largest_hub, largest_dag)
+    sc = C["eval"]["analysis"]["softcka"]
+    layers = max(s.num_layers for s in shapes.values()) + 1
+    units = (sc["layers_per_pass"] or layers) * len(sc["kinds"])
+    dag_hidden = max(s.hidden_size for s in shapes.values())
     for rule in ("eval_softcka", "eval_softcka_seed", "eval_recency", "eval_niah", "eval_lm_benchmarks"):
         size = largest_dag if rule == "eval_softcka_seed" else biggest
+        hidden = dag_hidden if rule == "eval_softcka_seed" or not hub else max(dag_hidden, HUB_HIDDEN_BOUND)
+        captured = 2 * units * sc["n_sentences"] * SENTENCE_TOKENS * hidden * 4
+        data, what = (captured, "two languages' captured fp32 states of one layer pass") if "softcka" in rule \
+            else (2 * GB, "2 GB of data")
         mem, minutes, disk = FIXED[rule][1]
-        out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 4 * size + 2 * GB), int(disk * 1e6), minutes,
-                                  "largest model it loads: bf16 weights + file pages + 2 GB of data; time fixed")
+        out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 4 * size + data), int(disk * 1e6), minutes,
+                                  f"largest model it loads: bf16 weights + file pages + {what}; time fixed")
     mem, minutes, disk = FIXED["eval_perplexity"][1]
     out["eval_perplexity"] = RuleResources("eval_perplexity", int(CUDA_PROCESS_BYTES + 4 * largest_dag + 2 * GB),
                                            int(disk * 1e6), minutes, "a student: bf16 weights + file pages; time fixed")
