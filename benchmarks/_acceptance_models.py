@@ -180,11 +180,6 @@ def to_hybrid(dense, fa_ratio: float, device: str, inplace: bool):
         return convert_to_hybrid(dense, fa, MIXER, seed=0, inplace=inplace)
 
 
-def enable_checkpointing(model) -> None:
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable()
-
-
 def live_bytes(*models) -> int:
     """Bytes of the distinct storages of the models' parameters and buffers (tied weights once)."""
     seen: dict[int, int] = {}
@@ -258,8 +253,6 @@ class _Student:
         self.teacher = dist.freeze(teacher.to(torch.bfloat16 if self.cuda else torch.float32))
         for p in self.student.parameters():  # stage 2 trains the whole student
             p.requires_grad_(True)
-        if self.d["gradient_checkpointing"]:
-            enable_checkpointing(self.student)
         self.mixer_layers = len(self.student.hybridlab_spec.mixer_layers)
         self.s_count, self.t_count = FlopCounter.of(self.student), FlopCounter.of(self.teacher)
 
@@ -301,7 +294,9 @@ class _Student:
                 cfg = TrainConfig.from_dict({**run, "steps": warmup + steps + 1, "micro_batch_size": mb,
                                              "grad_accum": accum, "seq_len": T, "warmup_steps": 1,
                                              "out_dir": out_dir, "eval_every": None, "ckpt_every": None,
-                                             "progress": False, "log_every": 1000, "fsdp": "always"})
+                                             "progress": False, "log_every": 1000, "fsdp": "always",
+                                             # the engine's per-layer checkpointing, as the distillation job
+                                             "activation_checkpointing": bool(d["gradient_checkpointing"])})
                 try:
                     train(self.student, probe, rows, cfg, on_step_start=probe.on_step_start,
                           grad_norm_groups=dist.grad_norm_groups())
