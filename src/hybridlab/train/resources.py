@@ -196,7 +196,7 @@ def _train_minutes(flops: float, gpus: int) -> int:
 
 
 def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -> None:
-    from hybridlab.config import placement_seeds
+    from hybridlab.config import studies
     from hybridlab.data.tokenizer import tokenizer_plan
     from hybridlab.train.arms import layer_kinds
     from hybridlab.train.bld_nl import bld_nl_need_tokens
@@ -222,12 +222,15 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     basis = "largest language: text x 2 + int32 tokens x 2; disk: int32 tokens x 2"
     # English mixture of BLD-NL (streamed): row starts in memory, tokens memory-mapped on disk
     tp = tokenizer_plan(C)
-    if "bld" in C.get("studies", ["multilinguality", "bld"]) and data.get("bld_nl_stream"):
-        bld = tr["bld_nl"]
+    bld_study = "bld" in studies(C) and bool(tr.get("bld_nl"))
+    nl = tr.get("bld_nl") or {}
+    need = {}
+    if bld_study:  # tokens of every BLD-NL arm (models built on the meta device; computed once)
         vocab = shape_of(tp["sources"][tp["bld_nl"]]).vocab_size
-        need = bld_nl_need_tokens(bld["sizes"], {k: v for k, v in bld.items() if k != "sizes"}, exp["bld_nl"],
+        need = bld_nl_need_tokens(nl["sizes"], {k: v for k, v in nl.items() if k != "sizes"}, exp["bld_nl"],
                                   vocab_size=vocab)
-        rows = max(need.values()) / (bld.get("epochs") or 1) / seq
+    if bld_study and data.get("bld_nl_stream"):
+        rows = max(need.values()) / (nl.get("epochs") or 1) / seq
         host = max(host, CPU_PROCESS_BYTES + rows * 160 + 64 * seq * 8)
         disk = max(disk, rows * seq * 4 + rows * 16)
         basis += "; English stream: 160 B of row starts per row, int32 tokens on disk"
@@ -274,12 +277,8 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
                                   f"{n} ranks x (CUDA process + fp32 student + bf16 teacher); time: "
                                   f"{tokens:.3g} tokens x (2 P_teacher + 6 P_trained) FLOPs", gpus=n)
     # BLD-NL: the largest arm
-    nl = tr["bld_nl"]
-    vocab = shape_of(tp["sources"][tp["bld_nl"]]).vocab_size
-    need = bld_nl_need_tokens(nl["sizes"], {k: v for k, v in nl.items() if k != "sizes"}, exp["bld_nl"],
-                              vocab_size=vocab)
     best = P_nl = 0
-    for size, shape in nl["sizes"].items():
+    for size, shape in nl.get("sizes", {}).items() if bld_study else ():
         sh = {k: v for k, v in shape.items() if k != "mixer_chunk_size"}
         s = shape_of({**sh, "vocab_size": vocab, "tie_word_embeddings": True, "model_type": "smollm3"})
         n_mix = layer_kinds(exp["bld_nl"]["pattern"], shape["num_hidden_layers"]).count("mixer")
@@ -287,7 +286,7 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
             P = model_params(s, m, n_mix)
             best, P_nl = max(best, 6 * P * need[f"{m}-{size}"]), max(P_nl, P)
     n = gpus_of("bld_nl")
-    out["bld_nl"] = RuleResources(
+    out["bld_nl"] = out["bld_nl"] if not bld_study else RuleResources(
         "bld_nl", int(n * (CUDA_PROCESS_BYTES + 4 * P_nl)),
         int(max(p.per_run for j, p in disks.items() if j.startswith("bld_nl"))), _train_minutes(best, n),
         f"{n} ranks x (CUDA process + fp32 model); time: tokens x 6 P of the largest arm", gpus=n)
@@ -312,7 +311,7 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     mem, minutes, disk = FIXED["eval_perplexity"][1]
     out["eval_perplexity"] = RuleResources("eval_perplexity", int(CUDA_PROCESS_BYTES + 4 * largest_dag + 2 * GB),
                                            int(disk * 1e6), minutes, "a student: bf16 weights + file pages; time fixed")
-    for rule in ("eval_retrieval_heads", "eval_position_loss"):
+    for rule in ("eval_retrieval_heads", "eval_position_loss") if bld_study else ():
         mem, minutes, disk = FIXED[rule][1]
         out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 8 * P_nl + 2 * GB), int(disk * 1e6), minutes,
                                   "a BLD-NL arm: fp32 weights + file pages; time fixed")
