@@ -57,6 +57,8 @@ def test_paper_estimates_by_hand(paper):
     assert rules["teacher"].disk_bytes == 2 * max(teacher, granite)
     # SoftCKA of a further seed: a student plus English and one language's fp32 states of 8 layers x 2 kinds,
     # 1000 sentences of up to 64 tokens, width 2560
+    # lm-eval loads models of the DAG only (its largest: a Qwen3-4B student), bf16 + file pages + 2 GB
+    assert rules["eval_lm_benchmarks"].host_bytes == pytest.approx(3 * GB + 4 * big + 2 * GB, abs=1)
     assert rules["eval_softcka_seed"].host_bytes == pytest.approx(3 * GB + 4 * big + 2 * 16 * 1000 * 64 * 2560 * 4, abs=1)
     # stage 2: 1e9 tokens x (2 x teacher + 6 x student) FLOPs on 4 GPUs at 150 TFLOP/s, x 1.5, + 30 min
     minutes = 1e9 * (2 * teacher + 6 * big) / (4 * 150e12) / 60 * 1.5 + 30

@@ -293,14 +293,15 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     # evaluations: the largest model one job loads (bf16) plus its file pages, one CUDA process
     hub = [m for p in C["eval"]["analysis"]["hub_pairs"] for m in (p.get("hybrid"), p.get("dense")) if m]
     largest_hub = max([_hub_params(m) for m in hub], default=0)
-    largest_dag = max(list(P_s.values()) + list(P_t.values()))
+    largest_dag = max(list(P_s.values()) + list(P_t.values()) + [P_nl])
     biggest = max(largest_hub, largest_dag)
     sc = C["eval"]["analysis"]["softcka"]
     layers = max(s.num_layers for s in shapes.values()) + 1
     units = (sc["layers_per_pass"] or layers) * len(sc["kinds"])
     dag_hidden = max(s.hidden_size for s in shapes.values())
     for rule in ("eval_softcka", "eval_softcka_seed", "eval_recency", "eval_niah", "eval_lm_benchmarks"):
-        size = largest_dag if rule == "eval_softcka_seed" else biggest
+        # lm-eval and a further seed's SoftCKA read models of the DAG only (no published hub model)
+        size = largest_dag if rule in ("eval_softcka_seed", "eval_lm_benchmarks") else biggest
         hidden = dag_hidden if rule == "eval_softcka_seed" or not hub else max(dag_hidden, HUB_HIDDEN_BOUND)
         captured = 2 * units * sc["n_sentences"] * SENTENCE_TOKENS * hidden * 4
         data, what = (captured, "two languages' captured fp32 states of one layer pass") if "softcka" in rule \
