@@ -21,7 +21,7 @@
   (they return without publishing).
 - **Mixed precision** with bf16 (sharded, CPU and CUDA alike):
   `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`: fp32 master shards, bf16 gathered
-  parameters for compute, gradients reduced in fp32 (gloo reduces bf16-cast shards as fp32 too). A
+  parameters for compute, gradients reduced in fp32 (`reduce_dtype`, on gloo as on nccl). A
   single unsharded process keeps fp32 parameters under the loop's bf16 autocast.
 - **Fused RMSNorm on CPU**: the trained model's transformers RMSNorms take `models.fused`'s one-node
   forward/backward (bit-identical output, fewer element-wise passes); `finish()` restores their classes.
