@@ -147,13 +147,16 @@ def _placement(rule, n_gpu):
         sys.exit(1)
 
 
-def job_resources(rule, n_gpu=0):
+def job_resources(rule, n_gpu=0, model=None):
     """The resources of `rule`'s jobs - mem_mb, disk_mb, runtime, gpu and one node (`nodes=1`, so SLURM never spreads a
     multi-GPU job over nodes). A job needing more GPUs than a node has runs on whole nodes when
     cluster.multi_node is set: per-node GPUs as gres, one srun task per node (`mpi`: the jobstep runs the
-    rule's command itself, whose launcher calls srun), memory per node."""
+    rule's command itself, whose launcher calls srun), memory per node. `model(wildcards)` names the published
+    model one job loads, or None for a model of the DAG; it sizes that job's mem_mb."""
     r = RESOURCES[rule]
     out = {"mem_mb": r.mem_mb, "disk_mb": r.disk_mb, "runtime": r.runtime, "gpu": n_gpu, "nodes": 1}
+    if model is not None and r.by_model:
+        out["mem_mb"] = lambda wc: r.mem_mb_for(model(wc))
     place = _placement(rule, n_gpu)
     if place.nodes > 1:
         out.update(
@@ -629,6 +632,12 @@ def niah_model_params(slug):
             "niah": A["niah"],
         }
     )
+
+
+def niah_hub_model(wc):
+    """The hub id of a NIAH job's published model, None for a model of the DAG (its job's mem_mb)."""
+    m = NIAH_MODELS[wc.model]
+    return m.path if m.hub else None
 
 
 def niah_model_inputs(slug):

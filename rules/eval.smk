@@ -169,7 +169,7 @@ rule eval_niah:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        **job_resources("eval_niah", gpus("eval_niah")),
+        **job_resources("eval_niah", gpus("eval_niah"), model=niah_hub_model),
     params:
         cfg=lambda wc: niah_model_params(wc.model),
         name=lambda wc: NIAH_MODELS[wc.model].name,

@@ -65,13 +65,13 @@ def test_paper_estimates_by_hand(paper):
     assert rules["distill_stage2"].minutes == pytest.approx(minutes, abs=1)
 
 
-def _jobs(text: str) -> list[tuple[str, dict[str, str]]]:
+def _jobs(text: str) -> list[tuple[str, dict[str, str], str]]:
     out = []
     for block in text.split("\n\n"):
         rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
         found = re.search(r"^\s*resources: (.*)$", block, re.M)
         if rule and found:
-            out.append((rule.group(1), dict(kv.split("=", 1) for kv in found.group(1).split(", "))))
+            out.append((rule.group(1), dict(kv.split("=", 1) for kv in found.group(1).split(", ")), block))
     return out
 
 
@@ -80,19 +80,29 @@ def test_the_paper_rules_request_what_the_plan_says(paper):
     _, rules = paper
     jobs = _jobs(dry_run_all("paper"))
     seen = set()
-    for rule, got in jobs:
+    hub = {m.replace("/", "--"): m for p in cfg.resolve(paper[0])["eval"]["analysis"]["hub_pairs"]
+           for m in (p.get("hybrid"), p.get("dense")) if m}
+    niah_mem = {}
+    for rule, got, block in jobs:
         if rule not in rules:
             continue
         r = rules[rule]
         seen.add(rule)
-        assert (int(got["mem_mb"]), int(got["disk_mb"]), int(got["runtime"])) == (r.mem_mb, r.disk_mb, r.runtime), rule
+        mem = r.mem_mb
+        if rule == "eval_niah":  # one job per model, each sized by its own model
+            slug = re.search(r"results/eval/paper/niah/(\S+)\.parquet", block).group(1)
+            mem = niah_mem[slug] = r.mem_mb_for(hub.get(slug))
+        assert (int(got["mem_mb"]), int(got["disk_mb"]), int(got["runtime"])) == (mem, r.disk_mb, r.runtime), rule
         assert got["nodes"] == "1", rule
         assert int(got["gpu"]) == r.gpus, rule
     assert seen == set(rules) - {"tokenizer"} or seen == set(rules)
+    # a 16.5B published MoE model's job asks for the rule's most; a 4B teacher's far less
+    assert niah_mem["inclusionAI--Ring-mini-linear-2.0"] == rules["eval_niah"].mem_mb
+    assert niah_mem["Qwen--Qwen3-4B"] < rules["eval_niah"].mem_mb / 2
     # the multi-GPU jobs: 4 GPUs on one node; the hub teacher's download none
-    assert {rule: got["gpu"] for rule, got in jobs if rule.startswith(("distill", "bld_nl"))} == {
+    assert {rule: got["gpu"] for rule, got, _ in jobs if rule.startswith(("distill", "bld_nl"))} == {
         "distill_stage1": "4", "distill_stage2": "4", "bld_nl": "4"}
-    assert {got["gpu"] for rule, got in jobs if rule == "teacher"} == {"0"}
+    assert {got["gpu"] for rule, got, _ in jobs if rule == "teacher"} == {"0"}
 
 
 def _config_with_cluster(tmp_path, cluster: dict):

@@ -27,7 +27,7 @@ source; measured values say where they were measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridlab.errors import HybridlabError
@@ -125,6 +125,14 @@ class RuleResources:
     gpus: int = 0
     gpu_peak_bytes: int = 0  # largest per-rank GPU estimate of the rule's jobs (hybridlab.train.plan)
     fixed: bool = False  # a fixed allowance (FIXED), not an estimate
+    # one job per model: host bytes of the job of each published model by name, "" for the DAG's models
+    by_model: dict[str, int] = field(default_factory=dict)
+
+    def mem_mb_for(self, model: str | None) -> int:
+        """mem_mb of the job of `model` (a published model's hub id; None: a model of the DAG)."""
+        if not self.by_model:
+            return self.mem_mb
+        return _mb(self.by_model.get(model or "", self.by_model[""]) * HEADROOM)
 
     @property
     def mem_mb(self) -> int:
@@ -309,6 +317,10 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         mem, minutes, disk = FIXED[rule][1]
         out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 4 * size + data), int(disk * 1e6), minutes,
                                   f"largest model it loads: bf16 weights + file pages + {what}; time fixed")
+        if rule == "eval_niah":  # one job per model: each sized by its own model
+            out[rule].by_model = {"": int(CUDA_PROCESS_BYTES + 4 * largest_dag + data),
+                                  **{m: int(CUDA_PROCESS_BYTES + 4 * _hub_params(m) + data) for m in hub}}
+            out[rule].basis = "its model: bf16 weights + file pages + 2 GB of data (mem_mb per model); time fixed"
     mem, minutes, disk = FIXED["eval_perplexity"][1]
     out["eval_perplexity"] = RuleResources("eval_perplexity", int(CUDA_PROCESS_BYTES + 4 * largest_dag + 2 * GB),
                                            int(disk * 1e6), minutes, "a student: bf16 weights + file pages; time fixed")
