@@ -1,5 +1,7 @@
 """Smoke jobs through a real single-node SLURM (tests/workflow/slurm/start.sh) with the project's SLURM
-profile: every job goes through sbatch, and the outputs equal those of a local build.
+profile: every job goes through sbatch, and the outputs equal those of a local build. And the multi-node
+launch (hybridlab.train.launch.srun_prefix: srun + torchrun with a c10d rendezvous) in one allocation of two
+CPU tasks. Both tests share the one cluster (one file, so pytest-xdist runs them on one worker).
 
 Skipped, with start.sh's reason, where that cluster cannot run (not root, no apt-get, no package
 registry). Daemons this session started are stopped at its end.
@@ -7,9 +9,13 @@ registry). Daemons this session started are stopped at its end.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import polars as pl
 import pytest
 
 from hybridlab import cache
+from hybridlab.train.launch import srun_prefix
 
 from smoke import ROOT, SCALE, built_repo, file_hashes, git, pipeline_env, snakemake
 
@@ -139,3 +146,53 @@ def test_smoke_targets_run_through_sbatch_and_match_a_local_build(slurm_cluster,
             same = (_same_table(a, b) if rel.endswith(".parquet")
                     else _same_dcp_metadata(a, b) if Path(rel).name == ".metadata" else False)
             assert same, f"{rel_root / rel} differs between the SLURM and the local build"
+
+
+LAUNCH_WORKER = """
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+out = {"rank": rank, "world": world, "sum": t.item(), "group_rank": int(os.environ["GROUP_RANK"]),
+       "local_rank": int(os.environ["LOCAL_RANK"]), "host": socket.gethostname()}
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def test_srun_torchrun_c10d_launch_runs_two_agents_as_one_world(slurm_cluster, tmp_path):
+    """Two SLURM tasks, one torchrun agent each (as over two nodes), meet at the rendezvous on the
+    allocation's first host and all-reduce as one world of two. The job runs the launch as snakemake's
+    jobstep runs a rule's command: with every SLURM_* variable but SLURM_JOB_ID removed."""
+    (tmp_path / "worker.py").write_text(LAUNCH_WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    prefix = srun_prefix(2, 1, port=_free_port(), agents_per_node=2, python=sys.executable)
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        'for v in $(compgen -e | grep "^SLURM_" | grep -vx SLURM_JOB_ID); do unset "$v"; done\n'
+        f"cd {tmp_path}\n{prefix} worker.py {out}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.update(SLURM_CONF=slurm_cluster["SLURM_CONF"], PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    log = tmp_path / "job.log"
+    proc = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", "--mem=1000",
+                           "-t", "5", "-p", slurm_cluster["SLURM_PARTITION"], "-o", str(log), str(script)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{text[-4000:]}"
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1], text[-4000:]
+    assert {r["world"] for r in ranks} == {2} and {r["sum"] for r in ranks} == {3.0}
+    assert sorted(r["group_rank"] for r in ranks) == [0, 1] and {r["local_rank"] for r in ranks} == {0}
