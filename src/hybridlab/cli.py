@@ -100,9 +100,16 @@ def _plan_number(kind):
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error form: one line naming the problem and where help is, exit code 1."""
+
+    def error(self, message: str):
+        self.exit(1, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybridlab", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="hybridlab", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
     c = sub.add_parser("config", help="validate config.yaml and print the resolved preset")
     c.add_argument("--configfile", default="config.yaml")
@@ -120,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.set_defaults(func=_cmd_languages)
 
     ca = sub.add_parser("cache", help="share pipeline results through DVC")
-    csub = ca.add_subparsers(dest="cache_command", required=True)
+    csub = ca.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
     cp = csub.add_parser("pull", help="dvc pull the cached phases of TARGETS and mark them complete for Snakemake")
     cp.add_argument("targets", nargs="*", default=["all"], help="Snakemake targets (default: all)")
     cp.add_argument("--scale", choices=list(SCALES), help="must equal config.yaml's scale")

@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 import errno
+import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from hybridlab import atomic, cache
+from hybridlab import atomic, build_lock, cache
 from hybridlab.atomic import TMP_MARK, atomic_file, write_text
 from hybridlab.errors import HybridlabError
 from hybridlab.models.io import save_hybrid
@@ -50,6 +53,59 @@ def test_default_profile_reruns_incomplete_jobs():
     assert profile.get("rerun-incomplete") is True
     assert profile.get("keep-incomplete") is False  # partial outputs of a killed job are deleted, not kept
     assert "--profile" not in (ROOT / "Makefile").read_text()  # make all relies on the default profile
+
+
+# --- Snakemake's lock after a SIGKILL -----------------------------------------------------------------------
+
+def _locked(workdir: Path, owner_pid: int, host: str | None = None, lock_after_record: bool = False) -> Path:
+    """A working directory as a killed build leaves it: Snakemake's lock files and the owner record."""
+    locks = workdir / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    lock = locks / "0.output.lock"
+    lock.write_text("results/eval/smoke/fertility.parquet\n")
+    owner = workdir / ".snakemake" / build_lock.OWNER
+    record = {"host": host or socket.gethostname(), "pid": owner_pid, "started": build_lock._start_time(owner_pid)}
+    owner.write_text(json.dumps(record))
+    lock_ns, owner_ns = (2_000_000_000, 1_000_000_000) if lock_after_record else (1_000_000_000, 2_000_000_000)
+    os.utime(lock, ns=(lock_ns, lock_ns))
+    os.utime(owner, ns=(owner_ns, owner_ns))
+    return locks
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_of_a_killed_build_is_removed(tmp_path):
+    locks = _locked(tmp_path, _dead_pid())
+    note = build_lock.clear_stale_lock(tmp_path)
+    assert note is not None and note.startswith("note: removed the lock left by a Snakemake build")
+    assert not locks.exists() and not (tmp_path / ".snakemake" / build_lock.OWNER).exists()
+
+
+@pytest.mark.parametrize("case", ["owner alive", "other host", "locked after the record", "no record"])
+def test_lock_that_may_belong_to_a_live_build_stays(tmp_path, case):
+    pid = os.getpid() if case == "owner alive" else _dead_pid()
+    locks = _locked(tmp_path, pid, host="another-node" if case == "other host" else None,
+                    lock_after_record=case == "locked after the record")
+    if case == "no record":
+        (tmp_path / ".snakemake" / build_lock.OWNER).unlink()
+    assert build_lock.clear_stale_lock(tmp_path) is None
+    assert (locks / "0.output.lock").exists()
+
+
+def test_owner_record_names_this_process_and_is_forgotten_only_by_it(tmp_path):
+    build_lock.record_owner(tmp_path)
+    owner = tmp_path / ".snakemake" / build_lock.OWNER
+    assert json.loads(owner.read_text())["pid"] == os.getpid()
+    owner.write_text(json.dumps({"host": socket.gethostname(), "pid": 1, "started": None}))
+    build_lock.forget_owner(tmp_path)  # another build's record: kept
+    assert owner.exists()
+    build_lock.record_owner(tmp_path)
+    build_lock.forget_owner(tmp_path)
+    assert not owner.exists()
 
 
 # --- the atomic writer: tables and figures -----------------------------------------------------------------
@@ -151,15 +207,25 @@ def test_full_disk_writing_a_checkpoint(tmp_path, monkeypatch, where):
         return real_dcp_save(*a, **k)
 
     def torch_save(obj, f, *a, **k):
-        is_state = isinstance(f, (str, Path)) and Path(f).name == checkpoint.STATE_FILE
-        if calls["n"] == 2 and (is_state if where == "state" else not is_state):
-            if is_state:
-                Path(f).write_bytes(b"half")
-            enospc()  # for the shards: raised inside DCP's writer, which wraps it in a CheckpointException
+        name = getattr(f, "name", f)  # DCP also saves into in-memory buffers
+        is_state = isinstance(name, (str, Path)) and Path(name).name == checkpoint.STATE_FILE
+        if calls["n"] == 2 and not is_state:
+            enospc()  # raised inside DCP's writer, which wraps it in a CheckpointException
         return real_torch_save(obj, f, *a, **k)
 
+    def full_device(path, mode="r", *a, **k):
+        """The small state file goes to /dev/full: the kernel's own ENOSPC, through torch's real writer."""
+        if calls["n"] == 2 and Path(path).name == checkpoint.STATE_FILE:
+            return open("/dev/full", mode, *a, **k)
+        return open(path, mode, *a, **k)
+
     monkeypatch.setattr(checkpoint.dcp, "save", dcp_save)
-    monkeypatch.setattr(checkpoint.torch, "save", torch_save)
+    if where == "shards":
+        monkeypatch.setattr(checkpoint.torch, "save", torch_save)
+    else:
+        if not Path("/dev/full").exists():
+            pytest.skip("no /dev/full on this system")
+        monkeypatch.setattr(checkpoint, "open", full_device, raising=False)
     with pytest.raises(HybridlabError) as e:
         go(tmp_path, steps=3)
     ckpts = tmp_path / "run" / "checkpoints"

