@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from hybridlab.errors import HybridlabError
 
@@ -242,8 +241,7 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         host = max(host, CPU_PROCESS_BYTES + rows * 160 + 64 * seq * 8)
         disk = max(disk, rows * seq * 4 + rows * 16)
         basis += "; English stream: 160 B of row starts per row, int32 tokens on disk"
-    mem, minutes, _ = FIXED["mixture"][1]
-    out["mixture"] = RuleResources("mixture", int(host), int(disk), minutes, basis)
+    out["mixture"] = RuleResources("mixture", int(host), int(disk), FIXED["mixture"][1][1], basis)
 
     teachers = list(C["models"]["teachers"])
     shapes = {t: shape_of(t) for t in teachers}
@@ -314,18 +312,18 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         captured = 2 * units * sc["n_sentences"] * SENTENCE_TOKENS * hidden * 4
         data, what = (captured, "two languages' captured fp32 states of one layer pass") if "softcka" in rule \
             else (2 * GB, "2 GB of data")
-        mem, minutes, disk = FIXED[rule][1]
+        _, minutes, disk = FIXED[rule][1]
         out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 4 * size + data), int(disk * 1e6), minutes,
                                   f"largest model it loads: bf16 weights + file pages + {what}; time fixed")
         if rule == "eval_niah":  # one job per model: each sized by its own model
             out[rule].by_model = {"": int(CUDA_PROCESS_BYTES + 4 * largest_dag + data),
                                   **{m: int(CUDA_PROCESS_BYTES + 4 * _hub_params(m) + data) for m in hub}}
             out[rule].basis = "its model: bf16 weights + file pages + 2 GB of data (mem_mb per model); time fixed"
-    mem, minutes, disk = FIXED["eval_perplexity"][1]
+    _, minutes, disk = FIXED["eval_perplexity"][1]
     out["eval_perplexity"] = RuleResources("eval_perplexity", int(CUDA_PROCESS_BYTES + 4 * largest_dag + 2 * GB),
                                            int(disk * 1e6), minutes, "a student: bf16 weights + file pages; time fixed")
     for rule in ("eval_retrieval_heads", "eval_position_loss") if bld_study else ():
-        mem, minutes, disk = FIXED[rule][1]
+        _, minutes, disk = FIXED[rule][1]
         out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 8 * P_nl + 2 * GB), int(disk * 1e6), minutes,
                                   "a BLD-NL arm: fp32 weights + file pages; time fixed")
     for rule, r in out.items():
