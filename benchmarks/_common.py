@@ -15,7 +15,7 @@
     off-diagonal sub-chunk blocks + c C K element-wise for the diagonal ones, c = sub-chunk size),
     T X and P V_new (C^2 V each), K_bg S, K_d^T V_new, Q_g S (C K V each), with X = V_b - K_bg S
     (W = T K_bg is never formed). GLA: the q scores (C^2 K + c C K), P V (C^2 V), Q_g S and K_d^T V
-    (C K V each). Their hand-written backward (ops/common.py) does two products per forward product:
+    (C K V each). Their hand-written backward (ops/per_channel.py) does two products per forward product:
     forward + backward = 3 x forward.
 - `int_at_least(minimum)`: an argparse type for counts, so a bad value is a one-line usage error.
 """

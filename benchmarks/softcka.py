@@ -41,7 +41,8 @@ from _common import int_at_least, measure_matmul_gflops
 from _machine import describe, describe_line
 from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states
-from hybridlab.eval.softcka import _distinct_rows, rff_sentence_gram, sentence_gram, soft_cka
+from hybridlab.eval.softcka import soft_cka
+from hybridlab.eval.softcka_gram import _distinct_rows, rff_sentence_gram, sentence_gram
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO_EXACT = 2.0  # target: SoftCKA exact <= 2x the model's forward (docs/performance.md)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from hybridlab.eval import softcka
-from hybridlab.eval.softcka import rff_sentence_gram, sentence_gram
+from hybridlab.eval import softcka_gram
+from hybridlab.eval.softcka_gram import rff_sentence_gram, sentence_gram
 
 
 def _sets(n=30, dim=24, seed=0, lo=1, hi=12):
@@ -44,7 +44,7 @@ def test_onednn_and_plain_gemm_paths_agree(monkeypatch):
     flat, off = _sets(n=40, dim=32, seed=1)
     K1, s1 = sentence_gram(flat, off, block_tokens=64)
     R1, _ = rff_sentence_gram(flat, off, 256, seed=0)
-    monkeypatch.setattr(softcka, "_onednn_gemm_available", lambda dev: False)
+    monkeypatch.setattr(softcka_gram, "_onednn_gemm_available", lambda dev: False)
     K2, s2 = sentence_gram(flat, off, block_tokens=64)
     R2, _ = rff_sentence_gram(flat, off, 256, seed=0)
     assert s1 == s2
@@ -69,7 +69,7 @@ def test_far_tokens_and_large_norm_outliers_stay_accurate():
 def test_rff_gram_still_matches_its_feature_definition():
     flat, off = _sets(n=10, dim=8, seed=3)
     K, sigma = rff_sentence_gram(flat, off, 64, seed=5, orthogonal=False)
-    w = softcka._rff_weights(8, 32, 5, False).double() / sigma
+    w = softcka_gram._rff_weights(8, 32, 5, False).double() / sigma
     x = (flat.double() - flat.double().mean(0))
     proj = x @ w
     phi_tok = torch.cat([proj.cos(), proj.sin()], 1) / math.sqrt(32)
@@ -100,7 +100,7 @@ def test_shared_vectors_are_counted_like_every_other_token(block_tokens):
     flat = torch.cat(sets)
     off = torch.zeros(len(sets) + 1, dtype=torch.long)
     off[1:] = torch.tensor([len(s) for s in sets]).cumsum(0)
-    vec = softcka._distinct_rows(flat)
+    vec = softcka_gram._distinct_rows(flat)
     assert vec.unique().numel() < flat.shape[0] - 20  # the shared-vector path is really exercised
     K, sigma = sentence_gram(flat, off, block_tokens=block_tokens)
     assert torch.allclose(K, _reference(flat, off, sigma), atol=2e-6, rtol=0)
@@ -119,7 +119,7 @@ def test_distinct_rows_merges_exactly_the_bit_identical_rows():
     x[10, 0] = 1e30
     x[11] = x[10]
     x[11, 5] = 1e-10
-    vec = softcka._distinct_rows(x)
+    vec = softcka_gram._distinct_rows(x)
     same = (x[:, None, :] == x[None, :, :]).all(-1)
     assert torch.equal(vec[:, None] == vec[None, :], same)
     assert vec[10] != vec[11]
@@ -130,7 +130,7 @@ def test_layout_counts_every_token_once(block_tokens):
     sets = _sets_with_shared_vectors()
     flat = torch.cat(sets)
     lengths = torch.tensor([len(s) for s in sets])
-    row, blocks = softcka._gram_layout(flat, lengths, block_tokens)
+    row, blocks = softcka_gram._gram_layout(flat, lengths, block_tokens)
     distinct = torch.unique(flat, dim=0)
     assert row.numel() == distinct.shape[0]  # one row per distinct vector
     # naive [sentence, distinct vector] occurrence counts vs the blocks' count matrices
@@ -152,7 +152,7 @@ def test_kernel_values_below_the_smallest_normal_float_count_as_it(monkeypatch, 
     """exp2's argument is clamped at -126 (denormal results are slow on Intel CPUs): tokens ~20 sigma apart,
     whose kernel exp(-200) underflows fp32, contribute exactly 2^-126 (the float64 definition: ~1e-87)."""
     if not onednn:
-        monkeypatch.setattr(softcka, "_onednn_gemm_available", lambda dev: False)
+        monkeypatch.setattr(softcka_gram, "_onednn_gemm_available", lambda dev: False)
     flat = torch.zeros(4, 3)
     flat[1, 0], flat[2, 1], flat[3, 2] = 20.0, 20.0, 20.0  # one-token sentences, pairwise >= 20 apart
     off = torch.arange(5)
@@ -160,4 +160,4 @@ def test_kernel_values_below_the_smallest_normal_float_count_as_it(monkeypatch, 
     # self-distance ~0 up to the expansion's cancellation, ~1e-7 (|a|^2 + |b|^2) in bandwidth units (module docstring)
     assert torch.allclose(K.diagonal(), torch.ones(4, dtype=torch.float64), atol=1e-4, rtol=0)
     off_diag = K[~torch.eye(4, dtype=torch.bool)]
-    assert torch.equal(off_diag, torch.full_like(off_diag, 2.0 ** softcka.MIN_LOG2_KERNEL))
+    assert torch.equal(off_diag, torch.full_like(off_diag, 2.0 ** softcka_gram.MIN_LOG2_KERNEL))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models import ops
-from hybridlab.models.ops import common, dispatch, gdn, gla, kda
+from hybridlab.models.ops import common, dispatch, gdn, gla, kda, per_channel
 
 with warnings.catch_warnings():  # fla warns that Triton cannot run on this CPU-only machine
     warnings.simplefilter("ignore")
@@ -149,7 +149,7 @@ def diagonal_path(request, monkeypatch):
     """Both ways of the per-channel ops' diagonal blocks: folded into the GEMM (mild decays, the default
     here) or element-wise (forced by a negative span limit, as for decays stronger than FOLD_SPAN)."""
     if request.param == "element-wise":
-        monkeypatch.setattr(common, "FOLD_SPAN", -1.0)
+        monkeypatch.setattr(per_channel, "FOLD_SPAN", -1.0)
     return request.param
 
 
@@ -190,11 +190,11 @@ def test_chunk_gradients_match_naive_fp32(kind):
 def test_per_channel_scores_in_several_groups_match_naive_fp64(kind, diagonal_path, monkeypatch):
     """A score-buffer budget of one element puts every chunk in its own group (the path of long batches
     with strong decays): outputs, final state and every gradient still match the per-token reference."""
-    monkeypatch.setattr(common, "SCORE_BUFFER_ELEMENTS", 1)
+    monkeypatch.setattr(per_channel, "SCORE_BUFFER_ELEMENTS", 1)
     inputs = [x.requires_grad_() for x in make_inputs(kind, T=19)]
     q, k, v, g, beta, h0 = inputs
     b = common.to_chunks(g.detach(), 4, g.dtype).cumsum(2)
-    assert len(common._chunk_groups(b)) == 5  # T = 19 -> 5 chunks of 4, one group each
+    assert len(per_channel._chunk_groups(b)) == 5  # T = 19 -> 5 chunks of 4, one group each
     wanted = [q, k, v, g, h0] + ([beta] if kind != "gla" else [])
 
     def run(fn, **kw):
@@ -324,7 +324,7 @@ def test_per_channel_scores_match_brute_force(C, diagonal_path):
     x = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
     k = torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)
     b = F.logsigmoid(torch.randn(2, 3, C, 5, dtype=torch.float64, generator=gen)).cumsum(2)
-    (P,) = common.per_channel_scores([x], k, b)
+    (P,) = per_channel.per_channel_scores([x], k, b)
     brute = torch.einsum("nzid,nzjd,nzijd->nzij", x, k, (b[:, :, :, None] - b[:, :, None, :]).exp())
     torch.testing.assert_close(P, brute.tril(), rtol=1e-12, atol=1e-12)
 
@@ -332,9 +332,9 @@ def test_per_channel_scores_match_brute_force(C, diagonal_path):
 def test_diagonal_is_folded_only_within_the_span_limit():
     # C = 16: sub-chunks of 16, 8 or 4 tokens span 15, 7 or 3 steps of log-decay
     def parts(step):
-        return common._score_parts(torch.full((2, 16, 3), step, dtype=torch.float64).cumsum(1), common.Scratch())
+        return per_channel._score_parts(torch.full((2, 16, 3), step, dtype=torch.float64).cumsum(1), common.Scratch())
 
-    limit = common.FOLD_SPAN
+    limit = per_channel.FOLD_SPAN
     assert parts(-limit / 15 + 0.01)[0].shape == (2, 1, 16, 3) and parts(-limit / 15 + 0.01)[3] is None
     assert parts(-limit / 7 + 0.01)[0].shape == (2, 2, 8, 3) and parts(-limit / 7 + 0.01)[3] is None
     assert parts(-limit / 3 + 0.01)[0].shape == (2, 4, 4, 3) and parts(-limit / 3 + 0.01)[3] is None

@@ -9,9 +9,9 @@ Chunked form with ``b = cumsum(g)`` per channel inside a chunk and state ``S`` a
     P_ij = sum_d q_id k_jd exp(b_id - b_jd)   (i >= j)
     O = (exp(b) * Q) S + P V,     S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V
 
-``P`` comes from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
+``P`` comes from :func:`~hybridlab.models.ops.per_channel.per_channel_scores`' building blocks
 (secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
-:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with KDA): the scores of all chunks at
+:func:`~hybridlab.models.ops.per_channel.chunk_per_channel` (shared with KDA): the scores of all chunks at
 once, a scan over chunks for the state only, and a hand-written backward.
 
 CUDA tensors go to fla's ``chunk_gla`` / ``fused_recurrent_gla`` (:func:`~hybridlab.models.ops.dispatch.fla_dispatch`);
@@ -26,11 +26,11 @@ from torch import Tensor
 from hybridlab.models.ops.common import (
     check_inputs,
     compute_dtype,
-    chunk_per_channel,
     resolve_scale,
 )
 from hybridlab.models.ops.common import fla_op  # noqa: F401  (fla_dispatch loads this module's kernels through it)
 from hybridlab.models.ops.dispatch import fla_dispatch
+from hybridlab.models.ops.per_channel import chunk_per_channel
 
 
 def _prepare(q, k, v, g, scale, initial_state):

@@ -13,9 +13,9 @@ it matches fla's ``naive_chunk_kda``):
     W = T diag(beta) (exp(b) * K),   U = T diag(beta) V,   V_new = U - W S
     O = (exp(b) * Q) S + P V_new,    S' = Diag(exp(b_C)) S + (exp(b_C - b) * K)^T V_new
 
-``A`` and ``P`` come from :func:`~hybridlab.models.ops.common.per_channel_scores`' building blocks
+``A`` and ``P`` come from :func:`~hybridlab.models.ops.per_channel.per_channel_scores`' building blocks
 (secondary chunking, only decays ``<= 1`` are exponentiated). The CPU op is
-:func:`~hybridlab.models.ops.common.chunk_per_channel` (shared with GLA): the scores, ``T`` and the
+:func:`~hybridlab.models.ops.per_channel.chunk_per_channel` (shared with GLA): the scores, ``T`` and the
 decay-scaled rows of all chunks at once, then a scan over chunks that forms ``V_new = T (diag(beta) V -
 K_bg S)`` without ``W``; a hand-written backward with the same split (the scan in reverse).
 
@@ -33,11 +33,11 @@ from hybridlab.models.ops.common import (
     compute_dtype,
     expand_gva,
     l2norm,
-    chunk_per_channel,
     resolve_scale,
 )
 from hybridlab.models.ops.common import fla_op  # noqa: F401  (fla_dispatch loads this module's kernels through it)
 from hybridlab.models.ops.dispatch import fla_dispatch
+from hybridlab.models.ops.per_channel import chunk_per_channel
 
 FLA_KDA_CHUNK_SIZES = (32, 64)
 
