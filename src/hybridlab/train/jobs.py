@@ -298,7 +298,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
 
 
 def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str | Path, restart: bool = False,
-                 threads: int | None = None) -> dict:
+                 threads: int | None = None) -> dict | None:
     """Train one arm of BLD on Spaced Retrieval (2 KDA + 2 attention layers, loss on the answer digits).
 
     The arm says which recurrent blocks freeze when (fractions of training or updates) and, optionally, the
