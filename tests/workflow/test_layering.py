@@ -1,4 +1,5 @@
-"""No upward imports in the library: data -> models -> train -> eval -> plots (docs/methods.md, "Code layering").
+"""No upward imports in the library: data -> models -> train -> eval -> plots (docs/methods.md, "Code layering"),
+and no import cycles between its modules.
 
 A module under src/hybridlab/<layer>/ may import hybridlab modules of its own layer or of layers to its left,
 never of a layer to its right. Every import counts, at module level or inside a function (a lazy import is
@@ -106,3 +107,91 @@ def test_the_check_sees_every_kind_of_upward_import():
     assert upward_imports(source, SRC / "plots" / "example.py") == [
         "src/hybridlab/plots/example.py:7: imports hybridlab.provenance (application layer, above plots)"]
     assert upward_imports("from hybridlab.data import packing\n", ROOT / "src/hybridlab/config.py") == []
+
+
+# --- import cycles ------------------------------------------------------------------------------------------
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Module -> the library modules it imports (lazy imports included), from {module: (source, is_package)}.
+
+    `from pkg import name` counts as an import of `pkg.name` when that is a module, else of `pkg`.
+    """
+    graph = {}
+    for module, (source, is_package) in sources.items():
+        package = module if is_package else module.rpartition(".")[0]
+        targets = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                targets += [f"{base}.{alias.name}" for alias in node.names]
+        edges = set()
+        for target in targets:
+            while target and target not in sources:  # `from pkg import function` -> pkg
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other, directly or through others (strongly connected
+    components of more than one module), each as a sorted list."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def library_sources() -> dict[str, tuple[str, bool]]:
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in sorted(SRC.rglob("*.py"))}
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph(library_sources()))
+    assert not cycles, ("modules that import each other (move what both need into a module below them):\n"
+                        + "\n".join(" <-> ".join(c) for c in cycles))
+
+
+def test_the_check_finds_a_cycle_through_a_lazy_import():
+    """A deliberate cycle a -> b -> c -> a, its last edge inside a function, next to an acyclic module."""
+    sources = {
+        "hybridlab.train": ("", True),
+        "hybridlab.train.a": ("from hybridlab.train.b import run\n", False),
+        "hybridlab.train.b": ("from hybridlab.train import c\nimport torch\n", False),
+        "hybridlab.train.c": ("def f():\n    from .a import g\n", False),
+        "hybridlab.train.d": ("from hybridlab.train import a\nfrom hybridlab.errors import HybridlabError\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["hybridlab.train.b"] == {"hybridlab.train.c"} and graph["hybridlab.train.c"] == {"hybridlab.train.a"}
+    assert import_cycles(graph) == [["hybridlab.train.a", "hybridlab.train.b", "hybridlab.train.c"]]
+    sources["hybridlab.train.c"] = ("def f():\n    import torch\n", False)
+    assert import_cycles(import_graph(sources)) == []

@@ -50,7 +50,7 @@ from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
 from hybridlab.eval import stats
 from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, LazyModule, new_figure, sns, themed
-from hybridlab.plots.uncertainty import (placement_tests_table, retrieval_score_table, seed_band, spread_columns,
+from hybridlab.plots.uncertainty import (nl_runs, placement_tests_table, retrieval_score_table, seed_band, spread_columns,
                                          sr_accuracy_table, tokens_to_target_table)
 
 ticker = LazyModule("matplotlib.ticker")
@@ -488,15 +488,9 @@ def retrieval_score(score: pl.DataFrame):
     return fig
 
 
-def _nl_runs(runs: pl.DataFrame) -> pl.DataFrame:
-    """Split a BLD-NL arm name `<mixer>[-<size>]-<variant>` into mixer and variant."""
-    return runs.with_columns(mixer=pl.col("run").str.replace(r"-[^-]+$", ""),
-                             variant=pl.col("run").str.extract(r"-([^-]+)$"))
-
-
 def bld_nl_loss(runs: pl.DataFrame):
     """Training loss and held-out CE vs tokens per arm: colour = mixer (and size), solid BLD vs dashed baseline."""
-    df = _nl_runs(require(runs, ["run", "tokens", "loss", "eval/ce"], "bld_nl metrics")).sort(["run", "tokens"])
+    df = nl_runs(require(runs, ["run", "tokens", "loss", "eval/ce"], "bld_nl metrics")).sort(["run", "tokens"])
     mixers = _sorted(df, "mixer")
     dashes = {"bld": "", "baseline": (4, 2)}
     with themed():
@@ -675,7 +669,7 @@ def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     null when no token qualifies as a key token; every arm is scored on the key tokens of the one
     `evaluator` arm), with their bootstrap intervals over the windows (`ppl_lo/hi`, `long_ppl_lo/hi`).
     """
-    r = _with_seed(_nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics")))
+    r = _with_seed(nl_runs(require(runs, ["run", "eval/ce"], "bld_nl metrics")))
     final = (r.filter(pl.col("eval/ce").is_not_null()).sort("step").group_by(["run", "seed"]).agg(
         ce=pl.col("eval/ce").last(), tokens=pl.col("tokens").last()))
     s = require(summary, ["model", "mixer", "size", "variant", "ppl", "long_ppl", "n_key_tokens", "evaluator"],
@@ -856,7 +850,7 @@ def render_table(name: str, tables: dict[str, pl.DataFrame], **kwargs) -> pl.Dat
     return fn(*[tables.get(t) for t in needs], **{k: v for k, v in kwargs.items() if k in accepted})
 
 
-from hybridlab.plots import findings as _findings  # noqa: E402  (imports this module's functions at call time)
+from hybridlab.plots import findings as _findings  # noqa: E402
 
 from hybridlab.plots import results_page as _results_page  # noqa: E402
 

@@ -30,7 +30,7 @@ import re
 import polars as pl
 
 from hybridlab.eval import stats
-from hybridlab.plots import findings as F
+from hybridlab.plots import verdicts as F
 from hybridlab.plots import uncertainty as U
 from hybridlab.train.arms import sr_arm_windows
 

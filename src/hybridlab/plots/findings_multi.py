@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from hybridlab.eval import stats
-from hybridlab.plots import findings as F
+from hybridlab.plots import verdicts as F
 
 FERTILITY_REFERENCE = "utf8_bytes"  # the byte-level reference tokenizer of the fertility table, not a model's
 STUDY_YORUBA = 2.6  # Yoruba's tokens per English token with Qwen3.5's tokenizer

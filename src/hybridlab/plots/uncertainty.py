@@ -417,3 +417,9 @@ def sr_accuracy_table(runs: pl.DataFrame) -> pl.DataFrame:
     last = long.sort("step").group_by(["run", "seed", "gap"]).agg(accuracy=pl.col("value").last())
     table = seed_summary(last.rename({"run": "arm"}), ["arm", "gap"], "accuracy")
     return table.with_columns(pl.col("accuracy_lo", "accuracy_hi").clip(0.0, 1.0)).sort(["arm", "gap"])
+
+
+def nl_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Split a BLD-NL arm name `<mixer>[-<size>]-<variant>` into mixer and variant."""
+    return runs.with_columns(mixer=pl.col("run").str.replace(r"-[^-]+$", ""),
+                             variant=pl.col("run").str.extract(r"-([^-]+)$"))
