@@ -78,3 +78,20 @@ def test_niah_runs_oneruler_prompts_with_yarn_and_records_the_settings(rehearsal
     assert set(niah["yarn_factor"].drop_nulls()) == {2.0}  # rehearsal preset: yarn_factor 2.0 (null: a NoPE model)
     assert not niah["chat_template"].any()
     assert set(niah["task"]) == {"niah_single", "niah_none"}
+
+
+def test_longppl_external_evaluator_and_the_multilinguality_findings(rehearsal):
+    from hybridlab.plots import findings_multi as M
+
+    summary = pl.read_parquet(rehearsal / "results" / "eval" / "rehearsal" / "position_loss_summary.parquet")
+    # the paper path: the key tokens come from the teacher with the BLD-NL tokenizer, the same for every arm
+    assert set(summary["evaluator"]) == {"rehearsal/qwen3-teacher"} and summary["n_key_tokens"].n_unique() == 1
+    table = pl.read_csv(rehearsal / "results" / "figures" / "rehearsal" / "table_findings.csv")
+    assert {M.ATTN_DELTA_FA, M.SWA_FLAT, M.RECENCY, M.FERTILITY_MAX, M.NIAH_RUNTIME, M.TOP_KL, M.NON_LATIN} <= set(
+        table["finding"])
+    # the pair without a dense model gets the sliding-window row, not the hybrids' first-FA row
+    swa = table.filter(pl.col("comparison") == "swa-olmo-3")
+    assert M.SWA_FLAT in set(swa["finding"]) and not swa["finding"].str.starts_with("the largest").any()
+    # a row without an estimate is never reproduced
+    assert table.filter(pl.col("effect").is_null() | pl.col("effect").is_nan())["verdict"].is_in(
+        ["inconclusive"]).all()
