@@ -81,7 +81,7 @@ def _blocks(text: str, rule: str) -> list[str]:
 def test_lm_eval_and_niah_run_one_job_per_model_and_a_gather_job(dry_run):
     """A time-out costs one model's work: a job per model, resumable, gathered into the same tables."""
     paper = dry_run("paper")
-    assert paper["eval_lm_benchmarks"] == 2 + 10 + 24 and paper["lm_benchmarks_table"] == 1
+    assert paper["eval_lm_benchmarks"] == 2 + 10 + 30 and paper["lm_benchmarks_table"] == 1
     assert paper["eval_niah"] == 21 and paper["niah_tables"] == 1  # 2 teachers + 10 students + 9 hub models
     text = dry_run_all("paper")
     (gather,) = _blocks(text, "niah_tables")

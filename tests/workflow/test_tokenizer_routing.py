@@ -102,7 +102,7 @@ def test_paper_dag_builds_one_mixture_per_tokenizer_and_routes_teachers():
     lm = jobs["eval_lm_benchmarks"]
     models = [m for b in lm for m in re.search(r"--models (.*?) --tokenizer", b).group(1).split()]
     toks = [t for b in lm for t in re.search(r"--tokenizer (.*?) --work", b).group(1).split()]
-    assert len(lm) == len(models) == len(toks) == 2 + 10 + 24
+    assert len(lm) == len(models) == len(toks) == 2 + 10 + 30  # teachers, students, BLD-NL arms (5 sizes x 6)
     for m, t in zip(models, toks):
         if "/bld_nl/" in m:
             assert t == "results/data/paper/tokenizer/qwen3"
