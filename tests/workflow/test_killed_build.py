@@ -68,8 +68,10 @@ def _signal(proc: subprocess.Popen, sig: int) -> float:
 
 
 def _leftovers(results: Path) -> list[str]:
+    """Temporaries among the outputs (a job's work directory, `runs/`, may keep a killed writer's until the
+    job cleans it on its next run)."""
     return sorted(str(p.relative_to(results)) for p in results.rglob("*")
-                  if TMP_MARK in p.name or p.name.startswith(".tmp_"))
+                  if (TMP_MARK in p.name or p.name.startswith(".tmp_")) and "runs" not in p.relative_to(results).parts)
 
 
 def _differences(before: Path, after: Path) -> list[str]:
