@@ -31,6 +31,7 @@ rule teacher:
                 **DOCUMENT_MASK,
             }
         ),
+        # pretrain_teacher.py (offline presets), convert_gguf_teacher.py (a GGUF teacher) or fetch_teacher.py
         script=lambda wc: teacher_script(wc.teacher),
         work=lambda wc: R("models", f"runs/teacher_{wc.teacher}"),
         out=lambda wc: teacher_dir(wc.teacher),

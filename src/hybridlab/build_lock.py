@@ -23,6 +23,8 @@ import shutil
 import socket
 from pathlib import Path
 
+from hybridlab.atomic import write_text
+
 OWNER = "hybridlab-lock-owner.json"
 
 
@@ -52,9 +54,7 @@ def record_owner(workdir: str | Path = ".") -> None:
     meta.mkdir(exist_ok=True)
     pid = os.getpid()
     record = {"host": socket.gethostname(), "pid": pid, "started": _start_time(pid)}
-    tmp = meta / f".{OWNER}.{pid}"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, meta / OWNER)
+    write_text(meta / OWNER, json.dumps(record))
 
 
 def forget_owner(workdir: str | Path = ".") -> None:

@@ -162,7 +162,8 @@ def test_niah_tables_one_row_per_example_and_cell(tiny):
     assert examples.columns[:6] == ["model", "pair", "role", "prompts", "chat_template", "yarn_factor"]
     assert summary.columns == ["model", "pair", "role", "lang", "task", "context_tokens", "n", "accuracy", "score",
                                "mean_prompt_tokens", "seconds", "peak_memory_bytes", "memory_kind", "oom",
-                               "n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor"]
+                               "n_oom", "oom_rate", "native_window", "prompts", "chat_template", "yarn_factor",
+                               "memory_cap_gib"]
     assert (summary["n"] == 2).all() and (summary["context_tokens"] == 480).all()
     assert set(summary["prompts"]) == {"project"} and not summary["chat_template"].any()
     assert summary["yarn_factor"].is_null().all()

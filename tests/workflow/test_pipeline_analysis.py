@@ -163,7 +163,7 @@ def test_niah_summary_agrees_with_its_examples(analysis):
     assert summary.columns[:8] == ["model", "pair", "role", "lang", "task", "context_tokens", "n", "accuracy"]
     assert {"seconds", "peak_memory_bytes", "oom", "oom_rate", "mean_prompt_tokens"} <= set(summary.columns)
     # smoke: the project's English templates, no chat template (its BPE tokenizer has none), no RoPE scaling
-    assert summary.columns[-3:] == ["prompts", "chat_template", "yarn_factor"]
+    assert summary.columns[-4:] == ["prompts", "chat_template", "yarn_factor", "memory_cap_gib"]
     assert (summary["prompts"] == "project").all() and not summary["chat_template"].any()
     assert summary["yarn_factor"].null_count() == summary.height
     n_cells = len(cfg["languages"]) * len(cfg["tasks"]) * len(cfg["context_tokens"])
