@@ -204,6 +204,18 @@ def _gram_layout(x_TD: torch.Tensor, lengths_N: torch.Tensor, block_tokens: int
     return first_row_U[order_U], blocks
 
 
+def _vectors_and_sigma(token_vecs: torch.Tensor, device, sigma: float | None, median_pairs: int, seed: int,
+                       convention: str) -> tuple[torch.Tensor, float]:
+    """The token vectors in fp32 on the Gram's device, and the bandwidth: `sigma` checked, or the median heuristic."""
+    dev = torch.device(device) if device is not None else token_vecs.device
+    x_TD = token_vecs.to(dev, torch.float32)
+    if sigma is None:
+        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed, convention=convention)
+    elif not sigma > 0:
+        raise HybridlabError(f"sigma must be > 0, got {sigma}")
+    return x_TD, sigma
+
+
 def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float | None = None,
                   block_tokens: int = 1024, device: str | torch.device | None = None, *,
                   median_pairs: int = MEDIAN_PAIRS, seed: int = 0,
@@ -214,12 +226,8 @@ def sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, sigma: float 
     _check_offsets(token_vecs, offsets)
     if block_tokens < 1:
         raise HybridlabError(f"block_tokens must be >= 1, got {block_tokens}")
-    dev = torch.device(device) if device is not None else token_vecs.device
-    x_TD = token_vecs.to(dev, torch.float32)
-    if sigma is None:
-        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed, convention=sigma_convention)
-    elif not sigma > 0:
-        raise HybridlabError(f"sigma must be > 0, got {sigma}")
+    x_TD, sigma = _vectors_and_sigma(token_vecs, device, sigma, median_pairs, seed, sigma_convention)
+    dev = x_TD.device
     lengths_N = (offsets[1:] - offsets[:-1]).to(dev, torch.long)
     N = lengths_N.numel()
     row_R, blocks = _gram_layout(x_TD, lengths_N, block_tokens)
@@ -281,12 +289,8 @@ def rff_sentence_gram(token_vecs: torch.Tensor, offsets: torch.Tensor, n_feature
     _check_offsets(token_vecs, offsets)
     if n_features < 2 or n_features % 2:
         raise HybridlabError(f"n_features must be an even number >= 2 (cos and sin pairs), got {n_features}")
-    dev = torch.device(device) if device is not None else token_vecs.device
-    x_TD = token_vecs.to(dev, torch.float32)
-    if sigma is None:
-        sigma = median_sigma(x_TD, median_pairs=median_pairs, seed=seed, convention=sigma_convention)
-    elif not sigma > 0:
-        raise HybridlabError(f"sigma must be > 0, got {sigma}")
+    x_TD, sigma = _vectors_and_sigma(token_vecs, device, sigma, median_pairs, seed, sigma_convention)
+    dev = x_TD.device
     T, D = x_TD.shape
     half = n_features // 2
     w_DF = (_rff_weights(D, half, seed, orthogonal) / sigma).to(dev)
