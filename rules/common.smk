@@ -599,25 +599,40 @@ SOFTCKA_SEEDS = (
 )
 
 
-def _niah_models():
-    """{slug: AnalysisModel} of the NIAH analysis (one eval_niah job each), checked once."""
+def _analysis_models(seed=None):
+    """{slug: AnalysisModel} of the analyses (one eval_niah / eval_softcka_model job each), checked once;
+    `seed` as analysis_models_param."""
     from hybridlab.eval.pairs import analysis_models
 
     try:
-        models = analysis_models(**analysis_models_param())
+        models = analysis_models(**analysis_models_param(seed))
     except HybridlabError as exc:
         print(f"error: config: presets.{SCALE}.eval.analysis: {exc}", file=sys.stderr)
         sys.exit(1)
     return {model_slug(m.name): m for m in models}
 
 
-NIAH_MODELS = _niah_models()
+NIAH_MODELS = _analysis_models()
 _TEACHER_DIRS = {teacher_dir(t) for t in TEACHERS}
+# SoftCKA runs one job per (replicate seed, model): the first seed's models (with the hub pairs) and each
+# further seed's students; a teacher's values do not depend on the seed, so a further seed's table reuses
+# the teacher's first-seed job. Every seed's tables are gathered into softcka[_seed<N>].parquet.
+SOFTCKA_ANALYSED = {ANALYSIS_SEED: NIAH_MODELS, **{s: _analysis_models(s) for s in SOFTCKA_SEEDS}}
+SOFTCKA_MODELS = {
+    seed: {
+        slug: m
+        for slug, m in models.items()
+        if seed == ANALYSIS_SEED or not (m.path in _TEACHER_DIRS and slug in NIAH_MODELS)
+    }
+    for seed, models in SOFTCKA_ANALYSED.items()
+}
 
 
-def niah_model_params(slug):
-    """NIAH params of one model's job: the pairs it belongs to only (adding a model reruns no other job)."""
-    m, full = NIAH_MODELS[slug], analysis_models_param()
+def model_params(section, slug, seed=None):
+    """Params of one model's job of an analysis `section` (niah, softcka): the pairs that model belongs to
+    only (adding a model reruns no other job); `seed` as analysis_models_param."""
+    m = (NIAH_MODELS if seed is None else SOFTCKA_MODELS[seed])[slug]
+    full = analysis_models_param(seed)
     models = {
         "distilled": [d for d in full["distilled"] if f"{d['teacher']}/{d['student']}" in m.pairs],
         "hub_pairs": [p for p in full["hub_pairs"] if p["name"] in m.pairs],
@@ -629,9 +644,36 @@ def niah_model_params(slug):
             "dtype": A["dtype"],
             "seed": C["seed"],
             "english": C["languages"]["english"],
-            "niah": A["niah"],
+            section: A[section],
         }
     )
+
+
+def softcka_seed_arg(seed):
+    """analysis_models_param's `seed` of a SoftCKA job: None for the first seed (its models include the hub pairs)."""
+    seed = int(seed)
+    return None if seed == ANALYSIS_SEED else seed
+
+
+def softcka_model(wc):
+    """The AnalysisModel of one eval_softcka_model job."""
+    return SOFTCKA_MODELS[int(wc.seed)][wc.model]
+
+
+def softcka_model_files(seed):
+    """The per-model SoftCKA tables one replicate seed's table gathers, in model order (a teacher's from the
+    first seed's job)."""
+    return [
+        R("eval", f"softcka/seed{seed if slug in SOFTCKA_MODELS[seed] else ANALYSIS_SEED}/{slug}.parquet")
+        for slug in SOFTCKA_ANALYSED[seed]
+    ]
+
+
+def softcka_gather_params(seed):
+    """Params of one seed's SoftCKA gather: its model names and its pairs (a reused teacher table holds rows
+    for every first-seed pair; the gather keeps this seed's)."""
+    models = SOFTCKA_ANALYSED[seed].values()
+    return as_json({"models": [m.name for m in models], "pairs": sorted({p for m in models for p in m.pairs})})
 
 
 def niah_hub_model(wc):
@@ -640,12 +682,22 @@ def niah_hub_model(wc):
     return m.path if m.hub else None
 
 
-def niah_model_inputs(slug):
-    """The DAG files one NIAH job reads (none for a hub model)."""
-    m = NIAH_MODELS[slug]
+def softcka_hub_model(wc):
+    """As niah_hub_model, for one eval_softcka_model job."""
+    m = softcka_model(wc)
+    return m.path if m.hub else None
+
+
+def model_inputs(m):
+    """The DAG files one per-model analysis job of AnalysisModel `m` reads (none for a hub model)."""
     if m.hub:
         return []
     return [f"{m.path}/{f}" for f in (MODEL_FILES if m.path in _TEACHER_DIRS else ("model.safetensors", "hybrid.json"))]
+
+
+def niah_model_inputs(slug):
+    """The DAG files one NIAH job reads (none for a hub model)."""
+    return model_inputs(NIAH_MODELS[slug])
 
 
 def heads_position_params(section):

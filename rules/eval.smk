@@ -2,56 +2,77 @@
 # Each analysis has its own rule, named eval_<analysis>, writing results/eval/<scale>/<analysis>.parquet.
 
 
-rule eval_softcka:
-    """SoftCKA and per-pair alignment by layer, English vs each language, hidden states and attn_delta."""
+rule eval_softcka_model:
+    """SoftCKA and per-pair alignment by layer of one model of one replicate seed, English vs each language,
+    hidden states and attn_delta (one job per model, so a time-out or a crash costs one model's work)."""
     input:
-        models=analysis_inputs(),
+        models=lambda wc: model_inputs(softcka_model(wc)),
         parallel=CORPUS["parallel"],
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
+    output:
+        R("eval", "softcka/seed{seed}/{model}.parquet"),
+    log:
+        LOG("eval", "softcka/seed{seed}/{model}"),
+    benchmark:
+        BENCH("eval", "softcka/seed{seed}/{model}")
+    wildcard_constraints:
+        seed=SEED_RE,
+        model=wildcard_choice(sorted({slug for models in SOFTCKA_MODELS.values() for slug in models})),
+    priority: PRIORITY["softcka"]
+    conda:
+        CUDA_ENV
+    threads: 1 if not ON_GPU else 8
+    resources:
+        **job_resources("eval_softcka_model", gpus(1), model=softcka_hub_model),
+    params:
+        cfg=lambda wc: model_params("softcka", wc.model, softcka_seed_arg(wc.seed)),
+        name=lambda wc: softcka_model(wc).name,
+    shell:
+        "python workflow_scripts/eval_softcka.py --params {params.cfg:q} --parallel {input.parallel} "
+        "--model {params.name:q} --out {output} > {log} 2>&1"
+
+
+rule eval_softcka:
+    """The SoftCKA table of the first replicate seed's models (and the hub pairs), gathered from the per-model jobs."""
+    input:
+        softcka_model_files(ANALYSIS_SEED),
     output:
         R("eval", "softcka.parquet"),
     log:
         LOG("eval", "softcka"),
-    benchmark:
-        BENCH("eval", "softcka")
-    priority: PRIORITY["softcka"]
+    priority: PRIORITY["eval"]
     conda:
-        CUDA_ENV
-    threads: 1 if not ON_GPU else 8
+        CPU_ENV
     resources:
-        **job_resources("eval_softcka", gpus(1)),
+        **job_resources("eval_softcka"),
     params:
-        cfg=analysis_params("softcka"),
+        cfg=softcka_gather_params(ANALYSIS_SEED),
     shell:
-        "python workflow_scripts/eval_softcka.py --params {params.cfg:q} --parallel {input.parallel} "
-        "--out {output} > {log} 2>&1"
+        "python workflow_scripts/gather_eval.py softcka --params {params.cfg:q} --inputs {input} --out {output} "
+        "> {log} 2>&1"
 
 
 rule eval_softcka_seed:
-    """SoftCKA of a further replicate seed's distilled students (and their teacher), as eval_softcka."""
+    """The SoftCKA table of a further replicate seed's distilled students and their teacher (the teacher's rows
+    from its first-seed job), as eval_softcka."""
     input:
-        models=lambda wc: analysis_inputs(int(wc.seed)),
-        parallel=CORPUS["parallel"],
-        tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
+        lambda wc: softcka_model_files(int(wc.seed)),
     output:
         R("eval", "softcka_seed{seed}.parquet"),
     log:
         LOG("eval", "softcka_seed{seed}"),
-    benchmark:
-        BENCH("eval", "softcka_seed{seed}")
     wildcard_constraints:
         seed=SEED_RE,
-    priority: PRIORITY["softcka"]
+    priority: PRIORITY["eval"]
     conda:
-        CUDA_ENV
-    threads: 1 if not ON_GPU else 8
+        CPU_ENV
     resources:
-        **job_resources("eval_softcka_seed", gpus(1)),
+        **job_resources("eval_softcka_seed"),
     params:
-        cfg=lambda wc: analysis_params("softcka", int(wc.seed)),
+        cfg=lambda wc: softcka_gather_params(int(wc.seed)),
     shell:
-        "python workflow_scripts/eval_softcka.py --params {params.cfg:q} --parallel {input.parallel} "
-        "--out {output} > {log} 2>&1"
+        "python workflow_scripts/gather_eval.py softcka --params {params.cfg:q} --inputs {input} --out {output} "
+        "> {log} 2>&1"
 
 
 rule eval_recency:
@@ -171,7 +192,7 @@ rule eval_niah:
     resources:
         **job_resources("eval_niah", gpus("eval_niah"), model=niah_hub_model),
     params:
-        cfg=lambda wc: niah_model_params(wc.model),
+        cfg=lambda wc: model_params("niah", wc.model),
         name=lambda wc: NIAH_MODELS[wc.model].name,
         work=lambda wc: R("eval", f"runs/niah/{wc.model}"),
     shell:

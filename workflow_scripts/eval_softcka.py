@@ -18,6 +18,8 @@ softcka: n_sentences, kinds (hidden | attn_delta), method (exact | rff), block_t
 def main() -> None:
     p = _common.parser(__doc__, PARAMS)
     p.add_argument("--parallel", type=Path, required=True, help="parallel corpus parquet (sid, lang, text, source)")
+    p.add_argument("--model", help="one analysis model (its name): its rows only (the rule's per-model jobs; "
+                                   "gather_eval.py softcka joins them)")
     p.add_argument("--out", type=Path, required=True, help="output table (.parquet)")
     args = p.parse_args()
 
@@ -26,7 +28,8 @@ def main() -> None:
     from hybridlab.eval.pairs import write_table
     from hybridlab.eval.softcka import softcka_table
 
-    write_table(softcka_table(pl.read_parquet(args.parallel), _common.load_params(args.params)), args.out)
+    write_table(softcka_table(pl.read_parquet(args.parallel), _common.load_params(args.params), only=args.model),
+                args.out)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """Gather the per-model tables of one evaluation into the table(s) the figures read.
 
-`niah`: the eval_niah jobs' per-example tables -> --examples (niah_examples.parquet, every model) and --out
-(niah.parquet, the summary; `hybridlab.eval.niah.gather_niah`). `lm_benchmarks`: the eval_lm_benchmarks
-jobs' tables -> --out (lm_benchmarks.parquet; `hybridlab.eval.lm_eval.gather_tables`). Same columns as a
-single job over every model wrote.
+`softcka`: the eval_softcka_model jobs' tables of one replicate seed -> --out (softcka.parquet or
+softcka_seed<N>.parquet; `hybridlab.eval.softcka.gather_softcka`). `niah`: the eval_niah jobs' per-example
+tables -> --examples (niah_examples.parquet, every model) and --out (niah.parquet, the summary;
+`hybridlab.eval.niah.gather_niah`). `lm_benchmarks`: the eval_lm_benchmarks jobs' tables -> --out
+(lm_benchmarks.parquet; `hybridlab.eval.lm_eval.gather_tables`). Same columns as a single job over every
+model wrote.
 """
 
 import _common
 
-PARAMS = """--params keys: models (the model names, in the order of --inputs; recorded with the outputs)"""
+PARAMS = """--params keys: models (the model names, in the order of --inputs; recorded with the outputs); softcka:
+pairs (the pairs whose rows the table keeps)"""
 
 
 def main() -> None:
     p = _common.parser(__doc__, PARAMS)
-    p.add_argument("kind", choices=["niah", "lm_benchmarks"])
+    p.add_argument("kind", choices=["softcka", "niah", "lm_benchmarks"])
     p.add_argument("--inputs", nargs="+", required=True, help="per-model tables (.parquet)")
     p.add_argument("--out", required=True, help="the gathered table (niah: the summary)")
     p.add_argument("--examples", help="niah: the per-example table of every model")
@@ -22,6 +25,11 @@ def main() -> None:
     from hybridlab.errors import HybridlabError
     from hybridlab.eval.pairs import write_table
 
+    if args.kind == "softcka":
+        from hybridlab.eval.softcka import gather_softcka
+
+        write_table(gather_softcka(args.inputs, pairs=_common.load_params(args.params).get("pairs")), args.out)
+        return
     if args.kind == "lm_benchmarks":
         from hybridlab.eval.lm_eval import gather_tables
 

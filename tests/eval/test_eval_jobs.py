@@ -126,6 +126,37 @@ def test_softcka_table_rows_labels_and_passes(tiny):
     assert one_pass.equals(table)
 
 
+def test_softcka_per_model_jobs_gathered_equal_one_job_over_every_model(tiny, tmp_path):
+    """eval_softcka_model runs one model per job; gather_softcka gives the table one job over all writes."""
+    from hybridlab.eval.softcka import gather_softcka, softcka_table
+
+    cfg = {"n_sentences": 6, "kinds": ["hidden", "attn_delta"], "method": "exact", "block_tokens": 256,
+           "rff_features": 64, "batch_size": 4, "layers_per_pass": 0, "n_boot": 0}
+    params = _analysis_params(tiny, "softcka", cfg)
+    whole = softcka_table(tiny["parallel"], params, device="cpu", log=_silent)
+    paths = []
+    for name in ("toy/teacher/sandwich-gdn", "toy/teacher"):  # the jobs run in any order
+        one = softcka_table(tiny["parallel"], params, device="cpu", only=name, log=_silent)
+        assert set(one["model"]) == {name}
+        paths.append(tmp_path / f"{name.replace('/', '--')}.parquet")
+        one.write_parquet(paths[-1])
+    assert gather_softcka(paths).equals(whole)
+    # a further seed reuses its teacher's first-seed table, which holds rows for pairs this seed lacks
+    teacher = pl.read_parquet(paths[1])
+    pl.concat([teacher, teacher.with_columns(pair=pl.lit("toy/teacher/other-gdn"))]).write_parquet(paths[1])
+    assert gather_softcka(paths, pairs=["toy/teacher/sandwich-gdn"]).equals(whole)
+    with pytest.raises(HybridlabError, match="no rows for pair"):
+        gather_softcka(paths, pairs=["toy/teacher/gone-gdn"])
+    with pytest.raises(HybridlabError, match="no analysis model named 'toy/nope'"):
+        softcka_table(tiny["parallel"], params, device="cpu", only="toy/nope", log=_silent)
+    pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(HybridlabError, match="bad.parquet has other columns"):
+        gather_softcka([paths[0], tmp_path / "bad.parquet"])
+    (tmp_path / "torn.parquet").write_bytes(b"PAR1 torn")
+    with pytest.raises(HybridlabError, match="torn.parquet is damaged"):
+        gather_softcka([tmp_path / "torn.parquet"])
+
+
 # --------------------------------------------------------------------------------------------------- NIAH
 
 class _WordTokenizer:

@@ -13,7 +13,7 @@ PHASE_RULES = {
     "data": {"corpus", "tokenizer", "mixture", "spaced_retrieval"},
     "models": {"teacher", "convert"},
     "train": {"distill_stage1", "distill_stage2", "bld_sr", "bld_nl"},
-    "eval": {"eval_softcka", "eval_recency", "eval_fertility", "eval_perplexity", "eval_niah", "niah_tables",
+    "eval": {"eval_softcka_model", "eval_softcka", "eval_recency", "eval_fertility", "eval_perplexity", "eval_niah", "niah_tables",
              "eval_retrieval_score", "eval_retrieval_heads", "eval_position_loss"},
     "figures": {"figure"},
 }

@@ -55,11 +55,15 @@ def test_paper_estimates_by_hand(paper):
     assert rules["convert"].disk_bytes == 2 * big
     assert rules["distill_stage2"].host_bytes == pytest.approx(4 * (3 * GB + 4 * big + 2 * teacher), abs=4)
     assert rules["teacher"].disk_bytes == 2 * max(teacher, granite)
-    # SoftCKA of a further seed: a student plus English and one language's fp32 states of 8 layers x 2 kinds,
-    # 1000 sentences of up to 64 tokens, width 2560
     # lm-eval loads models of the DAG only (its largest: a Qwen3-4B student), bf16 + file pages + 2 GB
     assert rules["eval_lm_benchmarks"].host_bytes == pytest.approx(3 * GB + 4 * big + 2 * GB, abs=1)
-    assert rules["eval_softcka_seed"].host_bytes == pytest.approx(3 * GB + 4 * big + 2 * 16 * 1000 * 64 * 2560 * 4, abs=1)
+    # SoftCKA of a model of the DAG: a student plus English and one language's fp32 states of 8 layers x 2
+    # kinds, 1000 sentences of up to 64 tokens, width 2560; a published model's job is sized by its own size
+    # and the widest hub model's width (4096)
+    softcka = rules["eval_softcka_model"]
+    assert softcka.by_model[""] == pytest.approx(3 * GB + 4 * big + 2 * 16 * 1000 * 64 * 2560 * 4, abs=1)
+    assert softcka.by_model["Qwen/Qwen3-4B-Base"] == pytest.approx(3 * GB + 4 * 4.1e9 + 2 * 16 * 1000 * 64 * 4096 * 4,
+                                                                   abs=1)
     # stage 2: 1e9 tokens x (2 x teacher + 6 x student) FLOPs on 4 GPUs at 150 TFLOP/s, x 1.5, + 30 min
     minutes = 1e9 * (2 * teacher + 6 * big) / (4 * 150e12) / 60 * 1.5 + 30
     assert rules["distill_stage2"].minutes == pytest.approx(minutes, abs=1)
@@ -82,7 +86,7 @@ def test_the_paper_rules_request_what_the_plan_says(paper):
     seen = set()
     hub = {m.replace("/", "--"): m for p in cfg.resolve(paper[0])["eval"]["analysis"]["hub_pairs"]
            for m in (p.get("hybrid"), p.get("dense")) if m}
-    niah_mem = {}
+    niah_mem, softcka_mem = {}, {}
     for rule, got, block in jobs:
         if rule not in rules:
             continue
@@ -92,6 +96,9 @@ def test_the_paper_rules_request_what_the_plan_says(paper):
         if rule == "eval_niah":  # one job per model, each sized by its own model
             slug = re.search(r"results/eval/paper/niah/(\S+)\.parquet", block).group(1)
             mem = niah_mem[slug] = r.mem_mb_for(hub.get(slug))
+        if rule == "eval_softcka_model":  # likewise, one job per (seed, model)
+            slug = re.search(r"results/eval/paper/softcka/seed\d+/(\S+)\.parquet", block).group(1)
+            mem = softcka_mem[slug] = r.mem_mb_for(hub.get(slug))
         assert (int(got["mem_mb"]), int(got["disk_mb"]), int(got["runtime"])) == (mem, r.disk_mb, r.runtime), rule
         assert got["nodes"] == "1", rule
         assert int(got["gpu"]) == r.gpus, rule
@@ -99,6 +106,8 @@ def test_the_paper_rules_request_what_the_plan_says(paper):
     # a 16.5B published MoE model's job asks for the rule's most; a 4B teacher's far less
     assert niah_mem["inclusionAI--Ring-mini-linear-2.0"] == rules["eval_niah"].mem_mb
     assert niah_mem["Qwen--Qwen3-4B"] < rules["eval_niah"].mem_mb / 2
+    assert softcka_mem["inclusionAI--Ring-mini-linear-2.0"] == rules["eval_softcka_model"].mem_mb
+    assert softcka_mem["Qwen--Qwen3-4B"] < softcka_mem["inclusionAI--Ring-mini-linear-2.0"]
     # the multi-GPU jobs: 4 GPUs on one node; the hub teacher's download none
     assert {rule: got["gpu"] for rule, got, _ in jobs if rule.startswith(("distill", "bld_nl"))} == {
         "distill_stage1": "4", "distill_stage2": "4", "bld_nl": "4"}

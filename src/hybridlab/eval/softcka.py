@@ -50,7 +50,9 @@ The sentence Gram matrices (set kernel, bandwidth, exact and random-feature path
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -281,7 +283,7 @@ def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
                          sigma_convention=sigma_convention, n_sentences=n_x, method=method)
 
 
-# --- the SoftCKA table of the eval_softcka rule ----------------------------------------------------------
+# --- the SoftCKA table of one eval_softcka_model job, and their gather -----------------------------------
 
 SOFTCKA_TABLE_SORT = ("model", "pair", "kind", "layer", "lang")
 
@@ -294,10 +296,11 @@ def layer_groups(n_layers: int, per_pass: int) -> list[list[int]]:
     return [idx[i:i + size] for i in range(0, len(idx), size)]
 
 
-def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None = None,
+def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None = None, only: str | None = None,
                   log: Callable[[str], None] = print) -> "pl.DataFrame":
-    """The SoftCKA table of every analysis model: cross-lingual similarity of every layer, English vs each
-    parallel language (the eval_softcka rule; workflow_scripts/eval_softcka.py).
+    """The SoftCKA table of every analysis model, or of the one named `only`: cross-lingual similarity of
+    every layer, English vs each parallel language (workflow_scripts/eval_softcka.py: one eval_softcka_model
+    job per model; `gather_softcka` joins their tables).
 
     `parallel`: the corpus table (sid, lang, text, source). `params`: `models` (the keyword arguments of
     `hybridlab.eval.pairs.analysis_models`), `dtype`, `seed`, `english` and `softcka` = {n_sentences, kinds
@@ -355,8 +358,14 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
                                  sigma_convention=convention)
         return rff_sentence_gram(flat, off, cfg["rff_features"], seed, device=device, sigma_convention=convention)
 
+    models = pairs.analysis_models(**params["models"])
+    if only is not None:
+        models = [m for m in models if m.name == only]
+        if not models:
+            raise HybridlabError(f"softcka: no analysis model named {only!r} in params.models; pass one of the "
+                                 "models the params list")
     rows = []
-    for m in pairs.analysis_models(**params["models"]):
+    for m in models:
         t0 = time.perf_counter()
         model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
         types = pairs.layer_types(model)
@@ -405,3 +414,32 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
     table = pl.DataFrame(rows, schema_overrides={"sigma_pair": pl.Float64}).sort(*SOFTCKA_TABLE_SORT)
     log(str(table.group_by("model", "kind").agg(pl.col("cka").mean()).sort("model", "kind")))
     return table
+
+
+def gather_softcka(paths: Sequence[str | Path], pairs: Sequence[str] | None = None) -> "pl.DataFrame":
+    """The SoftCKA table from the per-model tables of the eval_softcka_model jobs: the rows a single job over
+    every model writes, in the same order. `pairs`: keep these pairs' rows only (a teacher's table reused
+    by a further replicate seed holds every first-seed pair). A damaged table, or one whose columns differ
+    from the first one's, is one line naming it and how to rebuild it."""
+    import polars as pl
+
+    from hybridlab.atomic import rebuild_hint
+
+    if not paths:
+        raise HybridlabError("softcka: no per-model tables to gather")
+    frames = []
+    for path in paths:
+        try:
+            frames.append(pl.read_parquet(path))
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise HybridlabError(f"softcka: {path} is damaged or not a parquet table; {rebuild_hint(path)}") from exc
+        if frames[-1].schema != frames[0].schema:
+            raise HybridlabError(f"softcka: {path} has other columns than {paths[0]}; {rebuild_hint(path)}")
+    table = pl.concat(frames)
+    if pairs is not None:
+        missing = sorted(set(pairs) - set(table["pair"]))
+        if missing:
+            raise HybridlabError(f"softcka: no rows for pair(s) {', '.join(missing)} in the per-model tables; "
+                                 "delete them and rerun `make all`")
+        table = table.filter(pl.col("pair").is_in(list(pairs)))
+    return table.sort(*SOFTCKA_TABLE_SORT, maintain_order=True)

@@ -80,8 +80,9 @@ FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "distill_stage2": ((16000, 120, 4000), (160000, 2880, 200000)),
     "bld_sr": ((4000, 60, 1000), (4000, 60, 2000)),
     "bld_nl": ((16000, 120, 4000), (160000, 2880, 100000)),
-    "eval_softcka": ((8000, 30, 1000), (64000, 720, 2000)),
-    "eval_softcka_seed": ((8000, 30, 1000), (64000, 720, 2000)),
+    "eval_softcka_model": ((8000, 30, 1000), (64000, 240, 2000)),
+    "eval_softcka": ((4000, 10, 1000), (4000, 10, 1000)),
+    "eval_softcka_seed": ((4000, 10, 1000), (4000, 10, 1000)),
     "eval_recency": ((8000, 30, 1000), (64000, 240, 2000)),
     "eval_fertility": ((4000, 20, 1000), (4000, 20, 1000)),
     "eval_perplexity": ((16000, 60, 1000), (64000, 240, 2000)),
@@ -101,7 +102,7 @@ FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
 GPU_RULES: dict[str, tuple[str | None, int]] = {
     "distill_stage1": ("distill_stage1", 4), "distill_stage2": ("distill_stage2", 4), "bld_nl": ("bld_nl", 4),
     "bld_sr": ("bld_sr", 1), "eval_perplexity": ("eval_perplexity", 1), "eval_niah": ("eval_niah", 1),
-    "eval_retrieval_heads": ("eval_retrieval_heads", 1), "eval_softcka": (None, 1), "eval_softcka_seed": (None, 1),
+    "eval_retrieval_heads": ("eval_retrieval_heads", 1), "eval_softcka_model": (None, 1),
     "eval_recency": (None, 1), "eval_retrieval_score": (None, 1), "eval_position_loss": (None, 1),
     "eval_lm_benchmarks": (None, 1),
 }
@@ -305,20 +306,24 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     layers = max(s.num_layers for s in shapes.values()) + 1
     units = (sc["layers_per_pass"] or layers) * len(sc["kinds"])
     dag_hidden = max(s.hidden_size for s in shapes.values())
-    for rule in ("eval_softcka", "eval_softcka_seed", "eval_recency", "eval_niah", "eval_lm_benchmarks"):
-        # lm-eval and a further seed's SoftCKA read models of the DAG only (no published hub model)
-        size = largest_dag if rule in ("eval_softcka_seed", "eval_lm_benchmarks") else biggest
-        hidden = dag_hidden if rule == "eval_softcka_seed" or not hub else max(dag_hidden, HUB_HIDDEN_BOUND)
-        captured = 2 * units * sc["n_sentences"] * SENTENCE_TOKENS * hidden * 4
-        data, what = (captured, "two languages' captured fp32 states of one layer pass") if "softcka" in rule \
-            else (2 * GB, "2 GB of data")
+    def captured(hidden):  # two languages' captured fp32 token states of one SoftCKA layer pass
+        return 2 * units * sc["n_sentences"] * SENTENCE_TOKENS * hidden * 4
+
+    for rule in ("eval_softcka_model", "eval_recency", "eval_niah", "eval_lm_benchmarks"):
+        # lm-eval reads models of the DAG only (no published hub model)
+        size = largest_dag if rule == "eval_lm_benchmarks" else biggest
+        hidden = dag_hidden if not hub else max(dag_hidden, HUB_HIDDEN_BOUND)
+        data, what = (captured(hidden), "two languages' captured fp32 states of one layer pass") \
+            if "softcka" in rule else (2 * GB, "2 GB of data")
         _, minutes, disk = FIXED[rule][1]
         out[rule] = RuleResources(rule, int(CUDA_PROCESS_BYTES + 4 * size + data), int(disk * 1e6), minutes,
                                   f"largest model it loads: bf16 weights + file pages + {what}; time fixed")
-        if rule == "eval_niah":  # one job per model: each sized by its own model
-            out[rule].by_model = {"": int(CUDA_PROCESS_BYTES + 4 * largest_dag + data),
-                                  **{m: int(CUDA_PROCESS_BYTES + 4 * _hub_params(m) + data) for m in hub}}
-            out[rule].basis = "its model: bf16 weights + file pages + 2 GB of data (mem_mb per model); time fixed"
+        if rule in ("eval_niah", "eval_softcka_model"):  # one job per model: each sized by its own model
+            dag_data, hub_data = (captured(dag_hidden), captured(HUB_HIDDEN_BOUND)) if "softcka" in rule \
+                else (data, data)
+            out[rule].by_model = {"": int(CUDA_PROCESS_BYTES + 4 * largest_dag + dag_data),
+                                  **{m: int(CUDA_PROCESS_BYTES + 4 * _hub_params(m) + hub_data) for m in hub}}
+            out[rule].basis = f"its model: bf16 weights + file pages + {what} (mem_mb per model); time fixed"
     _, minutes, disk = FIXED["eval_perplexity"][1]
     out["eval_perplexity"] = RuleResources("eval_perplexity", int(CUDA_PROCESS_BYTES + 4 * largest_dag + 2 * GB),
                                            int(disk * 1e6), minutes, "a student: bf16 weights + file pages; time fixed")
