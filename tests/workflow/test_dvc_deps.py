@@ -119,5 +119,5 @@ def test_the_closure_sees_parse_time_script_and_nested_imports():
     assert "rules/figures.smk" in models  # every rules file is parsed by every phase
     assert "workflow_scripts/pretrain_teacher.py" in models and "workflow_scripts/_common.py" in models
     assert "src/hybridlab/train/loop.py" in models  # the teacher trains in the models phase
-    assert "src/hybridlab/config_spec.py" in models  # parse-time config validation (the schema's source)
+    assert "src/hybridlab/config_spec/tree.py" in models  # parse-time config validation (the schema's source)
     assert not _covered("src/hybridlab/train/loop.py", ["src/hybridlab/models"])
