@@ -15,7 +15,7 @@ from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.build_lock import clear_stale_lock, forget_owner, record_owner
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.pairs import model_slug
-from hybridlab.plots import figures as _registry
+from hybridlab.plots import registry as _registry
 from hybridlab.train.arms import sr_arm_specs, sr_score_points
 
 try:
@@ -782,7 +782,7 @@ def wildcard_choice(names):
 
 def _runs(table, dirs):
     """Per-run training logs of a figure: {"<table>/seed<N>/<run>": <dir>/metrics.parquet}; make_figure.py
-    concatenates them (hybridlab.plots.figures.concat_runs: columns `run` and `seed`)."""
+    concatenates them (hybridlab.plots.tables.concat_runs: columns `run` and `seed`)."""
     return {f"{table}/seed{seed}/{run}": f"{d}/metrics.parquet" for run, seed, d in dirs}
 
 
@@ -797,7 +797,7 @@ _DISTILL1_RUNS = _runs(
 _SR_RUNS = _runs("bld_sr", [(a, s, bld_sr_dir(a, s)) for a in bld_sr_arms() for s in SR_SEEDS])
 _NL_RUNS = _runs("bld_nl", [(a, s, bld_nl_dir(a, s)) for a in bld_nl_arms() for s in NL_SEEDS])
 
-# The figure and table registry is hybridlab.plots.figures (FIGURES, TABLES: name -> drawing function and the
+# The figure and table registry is hybridlab.plots.registry (FIGURES, TABLES: name -> drawing function and the
 # input tables it reads); the rules derive one job per entry from it, with each input table's files:
 # an eval table is one parquet file, a training study (distill, bld_sr, bld_nl) one metrics file per run.
 _SOFTCKA_SEED_RUNS = {f"softcka_seeds/seed{s}/all": R("eval", f"softcka_seed{s}.parquet") for s in SOFTCKA_SEEDS}
@@ -871,7 +871,7 @@ RESULTS_HEADER = (
 )
 
 # The Snakemake report (`snakemake --report`): every figure and table with the caption from
-# hybridlab.plots.figures.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
+# hybridlab.plots.registry.CAPTIONS, the preset and the config hash (report/caption.rst), by study.
 CAPTIONS = _registry.CAPTIONS
 
 _STAMP = {"preset": SCALE, "config_hash": CONFIG_HASH}

@@ -31,7 +31,7 @@ rule figure:
 
 
 rule table:
-    """Write one results table as CSV + Markdown (hybridlab.plots.figures TABLES)."""
+    """Write one results table as CSV + Markdown (hybridlab.plots.registry TABLES)."""
     input:
         lambda wc: list(TABLES[wc.table].values()),
     output:

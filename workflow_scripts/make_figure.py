@@ -6,9 +6,9 @@
         --tables perplexity=... --out-csv t.csv --out-md t.md
 
 `--tables NAME=PATH` (parquet). Training logs come one file per run as `NAME/RUN=PATH` with NAME one of
-`hybridlab.plots.figures.RUN_TABLES` (distill, distill_stage1, bld_sr, bld_nl); they are concatenated into table NAME
+`hybridlab.plots.registry.RUN_TABLES` (distill, distill_stage1, bld_sr, bld_nl); they are concatenated into table NAME
 with a `run` column (e.g. `distill/teacher/sandwich-gdn=.../metrics.parquet`). Figures and tables are
-defined in `hybridlab.plots.figures` (`read_tables`, `render_outputs`); saving is byte-stable.
+registered in `hybridlab.plots.registry` (`read_tables`, `render_outputs`); saving is byte-stable.
 """
 
 import _common
@@ -19,7 +19,7 @@ other keys (the rule's config hash and preset) only make the output depend on th
 
 def main() -> None:
     p = _common.parser(__doc__, PARAMS)
-    p.add_argument("--fig", required=True, help="figure or table name (hybridlab.plots.figures FIGURES / TABLES)")
+    p.add_argument("--fig", required=True, help="figure or table name (hybridlab.plots.registry FIGURES / TABLES)")
     p.add_argument("--tables", nargs="+", required=True, help="NAME=PATH or NAME/RUN=PATH parquet inputs")
     p.add_argument("--out-png", help="figure PNG")
     p.add_argument("--out-pdf", help="figure PDF")
@@ -28,10 +28,10 @@ def main() -> None:
     args = p.parse_args()
     params = _common.load_params(args.params)
 
-    from hybridlab.plots import figures
+    from hybridlab.plots import registry
 
-    print(figures.render_outputs(args.fig, figures.read_tables(args.tables), params, out_png=args.out_png,
-                                 out_pdf=args.out_pdf, out_csv=args.out_csv, out_md=args.out_md))
+    print(registry.render_outputs(args.fig, registry.read_tables(args.tables), params, out_png=args.out_png,
+                                  out_pdf=args.out_pdf, out_csv=args.out_csv, out_md=args.out_md))
 
 
 if __name__ == "__main__":

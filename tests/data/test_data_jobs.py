@@ -189,7 +189,7 @@ def _perplexity_table():
 
 
 def test_read_tables_plain_and_per_run_items(tmp_path):
-    from hybridlab.plots.figures import read_tables
+    from hybridlab.plots.registry import read_tables
 
     _perplexity_table().write_parquet(tmp_path / "p.parquet")
     for run in ("a", "b"):
@@ -209,7 +209,7 @@ def test_read_tables_plain_and_per_run_items(tmp_path):
 
 
 def test_render_outputs_writes_a_table_or_a_figure(tmp_path):
-    from hybridlab.plots.figures import render_outputs, render_table
+    from hybridlab.plots.registry import render_outputs, render_table
 
     tables = {"perplexity": _perplexity_table()}
     params = {"baseline_placement": "standard_periodic", "config_hash": "x"}

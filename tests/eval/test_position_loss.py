@@ -214,7 +214,7 @@ def test_position_loss_figure_draws_a_band_per_arm():
     from matplotlib.collections import PolyCollection
 
     matplotlib.use("Agg")
-    from hybridlab.plots import figures
+    from hybridlab.plots import figures, registry
 
     rows = [dict(model=f"{m}-{v}", mixer=m, size="xs", variant=v, bucket_lo=lo, bucket_hi=2 * lo, n_tokens=6 * lo,
                  mean_loss=6.0 - 0.01 * lo, mean_loss_lo=5.9 - 0.01 * lo, mean_loss_hi=6.2 - 0.01 * lo, n_docs=3,
@@ -224,7 +224,7 @@ def test_position_loss_figure_draws_a_band_per_arm():
     assert len(bands) == 4  # one per arm
     v = bands[0].get_paths()[0].vertices
     assert round(float(v[:, 1].min()), 6) == 5.82 and round(float(v[:, 1].max()), 6) == 6.19  # lo at 8, hi at 1
-    assert "bootstrap over the documents" in figures.CAPTIONS["fig_position_loss"]
+    assert "bootstrap over the documents" in registry.CAPTIONS["fig_position_loss"]
     plain = figures.position_loss(pl.DataFrame(rows).drop("mean_loss_lo", "mean_loss_hi"))
     assert not [c for c in plain.axes[0].collections if isinstance(c, PolyCollection)]
 

@@ -196,7 +196,7 @@ def test_recency_figure_draws_the_intervals():
     from matplotlib.collections import PolyCollection
 
     matplotlib.use("Agg")
-    from hybridlab.plots import figures
+    from hybridlab.plots import figures, registry
 
     fig = figures.recency(_recency_table())
     top, bottom = fig.axes[0], fig.axes[1]
@@ -210,7 +210,7 @@ def test_recency_figure_draws_the_intervals():
     assert len(bands) == 2
     ys = sorted(round(float(y), 6) for y in bands[1].get_paths()[0].vertices[:, 1])
     assert 0.085 in ys and 0.12 in ys
-    assert "bootstrap over the input sequences" in figures.CAPTIONS["fig_recency"]
+    assert "bootstrap over the input sequences" in registry.CAPTIONS["fig_recency"]
     # a table without the interval columns still draws (no bars, no bands)
     plain = figures.recency(_recency_table(with_ci=False))
     assert not [c for c in plain.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]

@@ -7,7 +7,8 @@ import math
 import polars as pl
 import pytest
 
-from hybridlab.plots import figures, findings_bld as FB
+from hybridlab.plots import findings_bld as FB, registry
+from hybridlab.plots import tables as plot_tables
 
 T975_1 = 12.706204736174707  # t quantile 0.975, 1 degree of freedom
 
@@ -43,7 +44,7 @@ def _runs(acc: dict, grad: dict | None = None, steps=40) -> pl.DataFrame:
             "step": list(range(1, steps + 1)), "eval/acc/gap8": [None] * (steps - 1) + [a],
             "grad_norm/full_attention": [float(g(st)) for st in range(1, steps + 1)]},
             schema_overrides={"eval/acc/gap8": pl.Float64})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def _get(rows, finding_start, comparison):
@@ -194,6 +195,6 @@ def test_the_registry_passes_the_position_loss_tables_to_the_findings_table():
     tables = {"perplexity_rows": _rows(), "distill": _distill(), "softcka": _softcka(), "niah": _niah(),
               "retrieval_score": _u_score(), "bld_sr": _sr_runs(), "bld_nl": _nl_runs(), "distill_stage1": _stage1(),
               "position_loss_summary": summary}
-    df = figures.render_table("table_findings", tables)
+    df = registry.render_table("table_findings", tables)
     (r,) = df.filter(pl.col("finding").str.starts_with("BLD lowers LongPPL")).iter_rows(named=True)
     assert r["effect"] == pytest.approx(-2.5)

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from hybridlab.eval import stats
-from hybridlab.plots import figures, findings
+from hybridlab.plots import findings, registry
 from hybridlab.plots import findings_multi as M
 from hybridlab.plots import uncertainty as U
 
@@ -257,7 +257,7 @@ def test_the_registry_passes_recency_and_fertility_to_the_findings_table():
     tables = {"perplexity_rows": _rows(), "distill": _distill(), "softcka": _softcka(), "niah": _niah(),
               "retrieval_score": _score(), "bld_sr": _sr_runs(), "bld_nl": _nl_runs(), "distill_stage1": _stage1(),
               "fertility": fert}
-    df = figures.render_table("table_findings", tables)
+    df = registry.render_table("table_findings", tables)
     assert _one(df, M.FERTILITY_YOR, "tokenizer tok: yor_Latn")["effect"] == pytest.approx(1.0)
     assert U.N_BOOT > 0 and not df.filter(pl.col("finding") == M.RECENCY).height  # no recency table given
 

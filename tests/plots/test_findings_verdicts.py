@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 
 from hybridlab.eval import stats
-from hybridlab.plots import figures, findings
+from hybridlab.plots import findings
+from hybridlab.plots import tables as plot_tables
 from hybridlab.plots import uncertainty as U
 
 from test_plots import _niah, _softcka
@@ -18,8 +19,9 @@ LANGS6 = ["fra_Latn", "hin_Deva", "rus_Cyrl", "swh_Latn", "tel_Telu", "zho_Hans"
 
 
 def _sr_runs():
-    return figures.concat_runs({f"seed{s}/{a}": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, acc + 0.01 * s]})
-                                for s in (0, 1) for a, acc in (("baseline", 0.9), ("freeze0-0.2", 1.0))})
+    return plot_tables.concat_runs({f"seed{s}/{a}": pl.DataFrame({"step": [1, 2],
+                                                                  "eval/acc/gap8": [0.1, acc + 0.01 * s]})
+                                    for s in (0, 1) for a, acc in (("baseline", 0.9), ("freeze0-0.2", 1.0))})
 
 
 def _table(rows=None, distill=None, softcka=None, niah=None, stage1=None):
@@ -46,7 +48,7 @@ def _curves(arm_by_seed: dict[int, list[float]], tokens=(0, 100, 200, 300, 400))
         for p, ys in (("standard_periodic", [5.0, 4.0, 3.0, 2.0, 1.0]), ("sandwich", arm)):
             frames[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": list(range(len(tokens))), "tokens": list(tokens),
                                                          "eval/ce": [float(y) for y in ys], "eval/kl": [0.1] * len(ys)})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def test_seeds_already_past_the_target_are_censored_not_reproduced():
@@ -100,7 +102,7 @@ def test_seeds_cleanly_reaching_give_a_verdict_on_stage2_tokens():
             stage1[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": [0, 1, 2], "tokens": [0, 100, 200],
                                                          "eval/ce": [20.0, 18.0, 16.0]})
             stage2[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": list(range(9)), "tokens": t2, "eval/ce": ys})
-    r = _one(_table(distill=figures.concat_runs(stage2), stage1=figures.concat_runs(stage1)), TT,
+    r = _one(_table(distill=plot_tables.concat_runs(stage2), stage1=plot_tables.concat_runs(stage1)), TT,
              "t/gdn: sandwich vs standard_periodic")
     # on the two-stage axis the fractions would be (200 + 320) / 1000 ... = 0.52, 0.56, 0.60 (mean 0.56)
     assert r["effect"] == pytest.approx(0.45 - 1.0)
@@ -320,7 +322,7 @@ def test_softcka_rows_of_a_dag_pair_decide_over_replicate_seeds():
     dag = _softcka().with_columns(pair=pl.lit("teacher/sp-gdn"))  # the pair named after its hybrid: the DAG's
     # seed 0: hybrid 0.3 - 0.1 lower than dense; seed 1 (the further seed's table): 0.12 lower
     first = dag.with_columns(alignment=pl.when(pl.col("role") == "hybrid").then(0.2).otherwise(0.3))
-    second = figures.concat_runs({"seed1/all": dag.with_columns(
+    second = plot_tables.concat_runs({"seed1/all": dag.with_columns(
         alignment=pl.when(pl.col("role") == "hybrid").then(0.18).otherwise(0.3))})
     one = _one(_table(softcka=first), "hybrids are less cross-lingually aligned than dense models", "teacher/sp-gdn")
     assert one["n_seeds"] == 1 and one["verdict"] == stats.INCONCLUSIVE

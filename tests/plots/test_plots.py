@@ -8,7 +8,8 @@ import polars as pl
 import pytest
 
 from hybridlab.errors import HybridlabError
-from hybridlab.plots import figures
+from hybridlab.plots import figures, registry
+from hybridlab.plots import tables as plot_tables
 from hybridlab.plots.style import save_all, save_figure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def _distill_runs():
             step=[0, 2, 4], tokens=[0, 512, 1024], loss=[None, 1.0, 0.9], **{
                 "eval/ce": [5.0, 4.8 - 0.1 * j, 4.6 - 0.1 * j], "eval/kl": [0.5, 0.3, 0.2 - 0.05 * j],
                 f"eval/ce/{LANGS[j]}": [5.1, 4.9, 4.7]}))
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def _tokens():
@@ -92,7 +93,7 @@ def _bld_sr_runs():
             "grad_norm/full_attention": [1.0, 0.9, 0.8, 0.7], "grad_norm/kda": [0.0 if j else 0.5, 0.4, 0.3, 0.2],
             "eval/acc/gap8": [None, 0.2, None, 0.4 + 0.1 * j], "eval/seq_acc/gap8": [None, 0.0, None, 0.1],
             "eval/acc/gap32": [None, 0.1, None, 0.2 + 0.1 * j]})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def _retrieval_score():
@@ -106,7 +107,7 @@ def _bld_nl_runs():
     frames = {arm: pl.DataFrame({"step": [2, 4, 6], "tokens": [100, 200, 300], "loss": [6.3, 6.2, 6.1 - 0.1 * j],
                                  "lr": [1e-3] * 3, "eval/ce": [None, 6.2, 6.0 - 0.1 * j]})
               for j, arm in enumerate(["gdn-baseline", "gdn-bld", "kda-baseline", "kda-bld"])}
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def _position_loss():
@@ -156,11 +157,11 @@ def tables():
     return synthetic_tables()
 
 
-@pytest.mark.parametrize("name", sorted(figures.FIGURES))
+@pytest.mark.parametrize("name", sorted(registry.FIGURES))
 def test_figure_renders_byte_stable(name, tables, tmp_path):
     paths = []
     for i in range(2):  # two independent renders of the same tables
-        fig = figures.render(name, tables)
+        fig = registry.render(name, tables)
         paths.append(save_all(fig, tmp_path / f"{i}.png", tmp_path / f"{i}.pdf"))
     (png0, pdf0), (png1, pdf1) = paths
     assert png0.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf0.read_bytes()[:5] == b"%PDF-"
@@ -171,7 +172,7 @@ def test_figure_renders_byte_stable(name, tables, tmp_path):
 
 
 def test_svg_stable_and_bad_suffix(tables, tmp_path):
-    fig = figures.render("fig_fertility", tables)
+    fig = registry.render("fig_fertility", tables)
     a, b = save_figure(fig, tmp_path / "a.svg"), save_figure(fig, tmp_path / "b.svg")
     assert a.read_bytes() == b.read_bytes() and b"<dc:date>" not in a.read_bytes()
     with pytest.raises(HybridlabError, match=r"\.png, \.pdf or \.svg"):
@@ -206,19 +207,19 @@ def test_perplexity_table_best_and_change(tmp_path):
     for p, ppls in [("standard_periodic", (20.0, 30.0)), ("sandwich", (16.0, 33.0)), ("endpoint_spread", (18.0, 31.0))]:
         rows += [dict(model=f"teacher/{p}-gdn", teacher="teacher", placement=p, mixer="gdn", lang=l, n_tokens=10,
                       ce=1.0, ppl=v, kl=0.1) for l, v in zip(("hin_Deva", "all"), ppls)]
-    df = figures.perplexity_table(pl.DataFrame(rows))
+    df = plot_tables.perplexity_table(pl.DataFrame(rows))
     assert df["lang"].to_list() == ["hin_Deva", "all"]
     assert df["best_placement"].to_list() == ["sandwich", "standard_periodic"]
     assert df["best_vs_baseline"].to_list() == pytest.approx([16 / 20 - 1, 0.0])
     assert df["teacher_ppl"].to_list() == [10.0, 12.0]
     assert df.columns[3:7] == ["teacher_ppl", "endpoint_spread", "sandwich", "standard_periodic"]
-    figures.write_table(df, tmp_path / "t.csv", tmp_path / "t.md")
+    plot_tables.write_table(df, tmp_path / "t.csv", tmp_path / "t.md")
     md = (tmp_path / "t.md").read_text().splitlines()
     assert md[0].startswith("| teacher") and set(md[1]) <= set("|-: ") and len(md) == 4
     assert "| -0.2 " in md[2] or "| -0.2" in md[2]
     assert pl.read_csv(tmp_path / "t.csv")["best_ppl"].to_list() == [16.0, 30.0]
     with pytest.raises(HybridlabError, match="baseline placement 'reverse_periodic'"):
-        figures.perplexity_table(pl.DataFrame(rows), baseline="reverse_periodic")
+        plot_tables.perplexity_table(pl.DataFrame(rows), baseline="reverse_periodic")
 
 
 def test_errors_are_one_line(tables):
@@ -227,9 +228,9 @@ def test_errors_are_one_line(tables):
     with pytest.raises(HybridlabError, match="has no rows"):
         figures.niah(tables["niah"].head(0))
     with pytest.raises(HybridlabError, match="unknown figure"):
-        figures.render("fig_nope", tables)
+        registry.render("fig_nope", tables)
     with pytest.raises(HybridlabError, match=r"needs tables \['retrieval_heads_masking'\]"):
-        figures.render("fig_retrieval_heads", {"retrieval_heads": tables["retrieval_heads"]})
+        registry.render("fig_retrieval_heads", {"retrieval_heads": tables["retrieval_heads"]})
 
 
 def test_concat_runs_fills_missing_columns(tables):
@@ -257,14 +258,14 @@ def test_script_figure_and_table(tables, tmp_path):
 
 
 def test_every_figure_and_table_has_a_caption():
-    assert set(figures.CAPTIONS) == set(figures.FIGURES) | set(figures.TABLES)
-    assert all(len(c) > 40 for c in figures.CAPTIONS.values())
+    assert set(registry.CAPTIONS) == set(registry.FIGURES) | set(registry.TABLES)
+    assert all(len(c) > 40 for c in registry.CAPTIONS.values())
 
 
 def test_softcka_first_fa_change_hybrid_and_dense():
     # synthetic: cka = 0.9 - 0.1 * layer - 0.05 * lang_index; the hybrid's first FA decoder layer is layer 1,
     # i.e. hidden row 2; the change from row 1 to row 2 is -0.1 for both roles and languages.
-    df = figures.softcka_first_fa_table(_softcka())
+    df = plot_tables.softcka_first_fa_table(_softcka())
     assert df.height == 4 and set(df["first_fa_layer"]) == {2}
     assert sorted(df["role"].unique()) == ["dense", "hybrid"]
     row = df.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
@@ -272,21 +273,21 @@ def test_softcka_first_fa_change_hybrid_and_dense():
     assert df["change"].to_list() == pytest.approx([-0.1] * 4)
     dense_only = _softcka().filter(pl.col("role") == "dense")
     with pytest.raises(HybridlabError, match="no hybrid with a full-attention layer"):
-        figures.softcka_first_fa_table(dense_only)
+        plot_tables.softcka_first_fa_table(dense_only)
 
 
 def test_kl_reduction_ranks_languages():
-    df = figures.kl_reduction_table(_perplexity())
+    df = plot_tables.kl_reduction_table(_perplexity())
     # hin: best sandwich 0.1 vs 0.4 -> 0.75; rus: best endpoint_spread 0.15 vs 0.2 -> 0.25; "all" left out
     assert df["lang"].to_list() == ["hin_Deva", "rus_Cyrl"]
     assert df["best_placement"].to_list() == ["sandwich", "endpoint_spread"]
     assert df["kl_reduction"].to_list() == pytest.approx([0.75, 0.25])
     with pytest.raises(HybridlabError, match="baseline placement 'reverse_periodic'"):
-        figures.kl_reduction_table(_perplexity(), baseline="reverse_periodic")
+        plot_tables.kl_reduction_table(_perplexity(), baseline="reverse_periodic")
 
 
 def test_bld_nl_table_joins_runs_and_summary():
-    df = figures.bld_nl_table(_bld_nl_runs(), _position_summary())
+    df = plot_tables.bld_nl_table(_bld_nl_runs(), _position_summary())
     assert df.select("mixer", "variant").rows() == [("gdn", "baseline"), ("gdn", "bld"), ("kda", "baseline"),
                                                     ("kda", "bld")]
     # final eval/ce = 6.0 - 0.1 * j for the arm's index j (gdn-baseline 0, gdn-bld 1, kda-baseline 2, kda-bld 3)
@@ -312,7 +313,7 @@ def test_lm_benchmarks_table_is_wide_and_prefers_filter_none():
             dict(model="m1", task="gsm", metric="exact_match", filter="flexible", value=0.2, stderr=0.01),
             dict(model="m0", task="arc_easy", metric="acc", filter="none", value=0.4, stderr=0.01),
             dict(model="m0", task="arc_easy", metric="acc", filter="other", value=0.9, stderr=0.01)]
-    df = figures.lm_benchmarks_table(pl.DataFrame(rows))
+    df = plot_tables.lm_benchmarks_table(pl.DataFrame(rows))
     values = ["model", "arc_easy/acc", "arc_easy/acc_norm", "gsm/exact_match"]
     assert df.columns == ["model"] + [f"{c}{s}" for c in values[1:] for s in ("", "_lo", "_hi")]
     assert df["model"].to_list() == ["m0", "m1"]

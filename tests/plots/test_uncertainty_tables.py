@@ -8,6 +8,7 @@ import pytest
 
 from hybridlab.errors import HybridlabError
 from hybridlab.plots import figures, findings
+from hybridlab.plots import tables as plot_tables
 from hybridlab.plots import uncertainty as U
 
 T975_2 = 4.302652729911275  # Student t quantile 0.975, df 2
@@ -64,14 +65,15 @@ def _distill(seeds=(0, 1)):
         for p, ys in curves.items():
             frames[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": [0, 1, 2, 3, 4], "tokens": [0, 100, 200, 300, 400],
                                                          "eval/ce": [float(y) for y in ys], "eval/kl": [0.1] * 5})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def test_concat_runs_splits_the_seed_prefix():
     d = _distill()
     assert sorted(d["seed"].unique().to_list()) == [0, 1]
     assert sorted(d["run"].unique().to_list()) == ["t/endpoint_spread-gdn", "t/sandwich-gdn", "t/standard_periodic-gdn"]
-    assert figures.split_seed("seed12/a/b") == ("a/b", 12) and figures.split_seed("seedling/x") == ("seedling/x", None)
+    assert plot_tables.split_seed("seed12/a/b") == ("a/b", 12)
+    assert plot_tables.split_seed("seedling/x") == ("seedling/x", None)
 
 
 def test_tokens_to_target_from_smoothed_curves_hand_computed():
@@ -98,7 +100,7 @@ def _stage1(seeds=(0, 1)):
         for p, end in starts.items():
             frames[f"seed{s}/t/{p}-gdn"] = pl.DataFrame({"step": [0, 1, 2], "tokens": [0, 50, 100],
                                                          "eval/ce": [9.0, (9.0 + end) / 2, end]})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def test_tokens_to_target_over_both_stages_is_not_degenerate():
@@ -158,13 +160,13 @@ def _nl_runs(diffs=(-0.2, -0.19, -0.21)):
         for v, ce in (("baseline", 5.0 + 0.1 * s), ("bld", 5.0 + 0.1 * s + d)):
             frames[f"seed{s}/kda-{v}"] = pl.DataFrame({"step": [1, 2], "tokens": [10, 20], "loss": [6.0, 5.5],
                                                        "eval/ce": [6.0, ce]})
-    return figures.concat_runs(frames)
+    return plot_tables.concat_runs(frames)
 
 
 def test_bld_nl_table_paired_over_seeds():
     summary = pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, ppl=1.0, long_ppl=1.0,
                                  n_key_tokens=1, evaluator="kda-baseline") for v in ("baseline", "bld")])
-    df = figures.bld_nl_table(_nl_runs(), summary)
+    df = plot_tables.bld_nl_table(_nl_runs(), summary)
     bld = df.filter(pl.col("variant") == "bld").row(0, named=True)
     half = T975_2 * 0.01 / math.sqrt(3)
     assert bld["ce_vs_baseline"] == pytest.approx(-0.2) and bld["n_seeds"] == 3
@@ -183,13 +185,13 @@ def test_perplexity_and_kl_tables_pair_seeds():
     rows.append(dict(model="t", teacher="t", placement=None, mixer=None, seed=None, lang="hin_Deva", n_tokens=10,
                      ce=1.0, ppl=10.0, kl=None))
     ppl = pl.DataFrame(rows)
-    t = figures.perplexity_table(ppl).row(0, named=True)
+    t = plot_tables.perplexity_table(ppl).row(0, named=True)
     # per seed 16/20 - 1, 17/20 - 1, 18/20 - 1 = -0.2, -0.15, -0.1: mean -0.15, sd 0.05
     half = T975_2 * 0.05 / math.sqrt(3)
     assert t["sandwich"] == pytest.approx(17.0) and t["best_placement"] == "sandwich"
     assert t["best_vs_baseline"] == pytest.approx(-0.15) and t["n_seeds"] == 3
     assert (t["best_vs_baseline_lo"], t["best_vs_baseline_hi"]) == pytest.approx((-0.15 - half, -0.15 + half))
-    k = figures.kl_reduction_table(ppl).row(0, named=True)
+    k = plot_tables.kl_reduction_table(ppl).row(0, named=True)
     # 1 - (0.1, 0.2, 0.3) / 0.4 = 0.75, 0.5, 0.25: mean 0.5, sd 0.25
     half = T975_2 * 0.25 / math.sqrt(3)
     assert k["kl_reduction"] == pytest.approx(0.5)
@@ -207,7 +209,7 @@ def test_niah_cells_wilson():
 def test_sr_accuracy_table_last_eval_over_seeds():
     frames = {f"seed{s}/baseline": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, 0.5 + 0.1 * s]})
               for s in (0, 1)}
-    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    r = U.sr_accuracy_table(plot_tables.concat_runs(frames)).row(0, named=True)
     assert (r["arm"], r["gap"], r["n_seeds"]) == ("baseline", 8, 2) and r["accuracy"] == pytest.approx(0.55)
 
 
@@ -215,10 +217,10 @@ def test_sr_accuracy_interval_is_clipped_to_the_accuracy_range():
     # seeds 1.0, 1.0, 0.4: mean 0.8, sd sqrt(0.12), t-interval 0.8 -+ 4.303 * 0.3464 / sqrt(3) = [-0.06, 1.66]
     frames = {f"seed{s}/baseline": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, acc]})
               for s, acc in enumerate((1.0, 1.0, 0.4))}
-    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    r = U.sr_accuracy_table(plot_tables.concat_runs(frames)).row(0, named=True)
     assert r["accuracy"] == pytest.approx(0.8) and (r["accuracy_lo"], r["accuracy_hi"]) == (0.0, 1.0)
     frames["seed2/baseline"] = pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, 0.98]})
-    r = U.sr_accuracy_table(figures.concat_runs(frames)).row(0, named=True)
+    r = U.sr_accuracy_table(plot_tables.concat_runs(frames)).row(0, named=True)
     half = 4.302653 * math.sqrt(((1 - 0.99333) ** 2 * 2 + (0.98 - 0.99333) ** 2) / 2) / math.sqrt(3)
     assert r["accuracy_lo"] == pytest.approx(0.99333 - half, abs=1e-4) and r["accuracy_hi"] == 1.0
 
@@ -226,8 +228,9 @@ def test_sr_accuracy_interval_is_clipped_to_the_accuracy_range():
 def test_findings_table_effects_cis_and_verdicts():
     from test_plots import _niah, _softcka
 
-    sr_runs = figures.concat_runs({f"seed{s}/{a}": pl.DataFrame({"step": [1, 2], "eval/acc/gap8": [0.1, acc + 0.01 * s]})
-                                   for s in (0, 1) for a, acc in (("baseline", 0.9), ("freeze0-0.2", 1.0))})
+    sr_runs = plot_tables.concat_runs({f"seed{s}/{a}": pl.DataFrame({"step": [1, 2],
+                                                                     "eval/acc/gap8": [0.1, acc + 0.01 * s]})
+                                       for s in (0, 1) for a, acc in (("baseline", 0.9), ("freeze0-0.2", 1.0))})
     # analysis pairs named as the DAG names a distilled pair (the hybrid is named after it): the seed rule applies
     dag = pl.col("pair").str.replace(" vs ", "/")
     df = findings.findings_table(_rows(), _distill(), _softcka().with_columns(pair=dag),
@@ -322,8 +325,8 @@ def test_softcka_sentence_bootstrap():
 def test_softcka_first_fa_table_carries_the_bootstrap():
     from test_plots import _softcka
 
-    t = figures.softcka_first_fa_table(_softcka().with_columns(cka_lo=pl.col("cka") - 0.01,
-                                                               cka_hi=pl.col("cka") + 0.02))
+    t = plot_tables.softcka_first_fa_table(_softcka().with_columns(cka_lo=pl.col("cka") - 0.01,
+                                                                   cka_hi=pl.col("cka") + 0.02))
     row = t.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
     assert (row["cka_after_lo"], row["cka_after_hi"]) == pytest.approx((0.64, 0.67))
     assert (row["cka_before_lo"], row["cka_before_hi"]) == pytest.approx((0.74, 0.77))

@@ -24,7 +24,7 @@ from hybridlab.atomic import MANIFEST, read_manifest
 from hybridlab.errors import HybridlabError
 from hybridlab.models.convert import convert_to_hybrid
 from hybridlab.models.io import load_hybrid, save_hybrid
-from hybridlab.plots.figures import read_tables
+from hybridlab.plots.registry import read_tables
 from hybridlab.train.checkpoint import STATE_FILE, latest_checkpoint
 from hybridlab.train.config import TrainConfig
 from hybridlab.train.loop import train
@@ -73,7 +73,7 @@ def test_figure_script_prints_one_line_for_a_damaged_table(fertility, tmp_path):
     fertility.write_bytes(fertility.read_bytes()[:40])
     code = (
         "import sys; sys.path.insert(0, 'workflow_scripts'); import _common\n"
-        "from hybridlab.plots.figures import read_tables\n"
+        "from hybridlab.plots.registry import read_tables\n"
         f"_common.run(lambda: read_tables([{f'fertility={fertility}'!r}]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -9,7 +9,7 @@ import yaml
 
 from smoke import build, run_snakemake
 from hybridlab.config import config_hash, resolve
-from hybridlab.plots.figures import CAPTIONS, FIGURES, TABLES
+from hybridlab.plots.registry import CAPTIONS, FIGURES, TABLES
 
 pytestmark = pytest.mark.slow
 # lm-eval (and so its table) runs at the paper preset only (rules/eval.smk)

@@ -285,7 +285,7 @@ def _pooled(rows: pl.DataFrame, keys: list[str], value: str) -> pl.DataFrame:
 
 def kl_reductions(rows: pl.DataFrame, baseline: str, english: str = F.ENGLISH) -> pl.DataFrame:
     """Per (teacher, mixer, lang, seed): 1 - KL(best, s) / KL(baseline, s), the best placement the one with the
-    lowest seed-mean KL of that language (`figures.kl_reduction_table`'s reduction, per seed); English left out."""
+    lowest seed-mean KL of that language (`tables.kl_reduction_table`'s reduction, per seed); English left out."""
     stud = rows.filter(pl.col("placement").is_not_null() & (pl.col("lang") != english))
     kl = _pooled(stud, ["teacher", "mixer", "placement", "lang", "seed"], "kl")
     keys = ["teacher", "mixer", "lang"]
