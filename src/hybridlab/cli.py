@@ -61,7 +61,8 @@ def _cmd_cache_pull(args) -> None:
 
 def _cmd_plan(args) -> None:
     from hybridlab import config as cfg
-    from hybridlab.train.plan import disk_preset, format_disk, format_table, plan_preset, plans_json
+    from hybridlab.train.disk_plan import disk_preset, format_disk
+    from hybridlab.train.plan import format_table, plan_preset, plans_json
 
     overrides = {"scale": args.scale} if args.scale else None
     raw = cfg.load(args.configfile, overrides)

@@ -96,7 +96,7 @@ REHEARSAL_ONERULER_PROMPTS = {
 
 def write_oneruler_layout(mono, out: Path, langs: tuple[str, ...] = ("eng_Latn",)) -> None:
     """A OneRULER-layout data directory (prompt/, vocab/, books/) for `langs`, from the offline corpus."""
-    from hybridlab.eval.niah import DEFAULT_WORDS
+    from hybridlab.eval.niah_examples import DEFAULT_WORDS
     from hybridlab.eval.oneruler import CODES, NOUNS
 
     codes = [CODES[lang] for lang in langs]

@@ -253,7 +253,7 @@ def test_document_mask_helpers_exact():
 
 
 def test_stream_to_disk_equals_in_memory_packing(tmp_path):
-    from hybridlab.data.packing import pack_stream_to_disk
+    from hybridlab.data.streamed_packing import pack_stream_to_disk
 
     kw = dict(languages=[], english_share=1.0, seq_len=4, total_tokens=4 * 24, val_fraction=0.1, seed=3)
     write_packed(tmp_path / "mem", pack_mixture(_block_corpus(), IdTokenizer(), block_rows=4, **kw))
@@ -270,7 +270,7 @@ def test_stream_to_disk_equals_in_memory_packing(tmp_path):
 
 
 def test_stream_to_disk_long_documents_and_short_stream(tmp_path):
-    from hybridlab.data.packing import pack_stream_to_disk
+    from hybridlab.data.streamed_packing import pack_stream_to_disk
 
     # docs of 9 and 5 tokens (+EOS): stream 1x9 0 2x5 0 3x9 0 ... ; no val; rows of 4, no shuffle effect (1 block)
     texts = ["1 " * 9, "2 " * 5, "3 " * 9]

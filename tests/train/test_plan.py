@@ -7,7 +7,7 @@ import torch
 
 from hybridlab.cli import main
 from hybridlab.errors import HybridlabError
-from hybridlab.train import plan
+from hybridlab.train import disk_plan, plan
 
 TOY = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
        "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True, "model_type": "qwen3"}
@@ -143,33 +143,33 @@ def test_unknown_model_and_refusal():
 
 def test_disk_of_a_known_shape():
     # 1,000 parameters, all trained with AdamW: 4 (fp32 weights) + 8 (two moments) bytes each
-    assert plan.checkpoint_bytes(1000, 1000) == 12000
-    assert plan.checkpoint_bytes(1000, 100) == 4800  # stage 1: every weight saved, 100 trained
-    assert plan.checkpoint_bytes(1000, 1000, muon=400) == 4000 + 8 * 600 + 4 * 400
+    assert disk_plan.checkpoint_bytes(1000, 1000) == 12000
+    assert disk_plan.checkpoint_bytes(1000, 100) == 4800  # stage 1: every weight saved, 100 trained
+    assert disk_plan.checkpoint_bytes(1000, 1000, muon=400) == 4000 + 8 * 600 + 4 * 400
     G = 10**9
     # kept 2 full checkpoints of 12 GB: a third is written before the oldest goes (36); a run leaves 2 x 12 + 4
-    d = plan.DiskPlan("distill_stage2 x gdn", runs=3, checkpoint_bytes=12 * G, kept=2, final_bytes=4 * G)
+    d = disk_plan.DiskPlan("distill_stage2 x gdn", runs=3, checkpoint_bytes=12 * G, kept=2, final_bytes=4 * G)
     assert d.per_run == 36 * G and d.at_rest == 28 * G and d.total == 84 * G
-    lines = plan.format_disk([d]).splitlines()
+    lines = disk_plan.format_disk([d]).splitlines()
     assert lines[2].split() == ["distill_stage2", "x", "gdn", "3", "12.00", "2", "12.00", "4.00", "36.00", "28.00",
                                 "84.0"]
     assert lines[-1] == "disk in all: 84.0 GB left by 3 runs, 92.0 GB with the largest run in flight"
     # keep 1 and a weights-only end (4 GB): the peak is the second full checkpoint being written (24); at the end
     # 12 + 4, then the full one goes and the weights are published: 4 + 4 left, or 4 once checkpoints are dropped
-    w = plan.DiskPlan("bld", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G, final_checkpoint_bytes=4 * G)
+    w = disk_plan.DiskPlan("bld", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G, final_checkpoint_bytes=4 * G)
     assert (w.per_run, w.at_rest, w.total) == (24 * G, 8 * G, 16 * G)
-    dropped = plan.DiskPlan("d", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G,
+    dropped = disk_plan.DiskPlan("d", runs=2, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G,
                             final_checkpoint_bytes=4 * G, drops_checkpoints=True)
     assert (dropped.per_run, dropped.at_rest) == (24 * G, 4 * G)
     # a full end with 1 kept: the end's checkpoint is the peak's second one, then it stays with the weights
-    full = plan.DiskPlan("f", runs=1, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G)
+    full = disk_plan.DiskPlan("f", runs=1, checkpoint_bytes=12 * G, kept=1, final_bytes=4 * G)
     assert (full.per_run, full.at_rest) == (24 * G, 16 * G)
 
 
 def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
     from hybridlab import config as cfgmod
 
-    disks = {d.job: d for d in plan.disk_preset(cfgmod.load("config.yaml", {"scale": "paper"}))}
+    disks = {d.job: d for d in disk_plan.disk_preset(cfgmod.load("config.yaml", {"scale": "paper"}))}
     s2 = disks["distill_stage2 Qwen--Qwen3-4B gdn"]
     assert s2.kept == 1 and s2.runs == 15  # 5 placements x 3 seeds
     assert 50e9 < s2.checkpoint_bytes < 65e9 and s2.checkpoint_bytes == 3 * s2.final_bytes  # 12 vs 4 bytes a weight

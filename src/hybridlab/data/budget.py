@@ -33,7 +33,7 @@ def check_token_ids(max_id: int, vocab_size: int, what: str) -> None:
 
 def mixture_max_id(mixture_dir: str | Path) -> int:
     """Largest token id of a packed mixture (stats.json's ``max_token_id``, else a scan of tokens.npy)."""
-    from hybridlab.data.packing import read_stats
+    from hybridlab.data.packed_files import read_stats
 
     stats = read_stats(mixture_dir)
     if "max_token_id" in stats:
@@ -89,7 +89,7 @@ def check_budget(what: str, need_tokens: int, have_tokens: int, *, epochs: int |
 def check_train_data(mixture_dir: str | Path, model, *, what: str, need_tokens: int, epochs: int | None = None,
                      why: str = "", fix: str = "add data") -> None:
     """Both checks for one training job on a packed mixture (called before the first update)."""
-    from hybridlab.data.packing import read_stats
+    from hybridlab.data.packed_files import read_stats
 
     check_mixture_vocab(mixture_dir, model, what)
     passes = check_budget(what, need_tokens, int(read_stats(mixture_dir)["train_tokens"]), epochs=epochs,

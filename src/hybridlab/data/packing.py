@@ -44,31 +44,35 @@ all byte-stable for the same inputs and seed.
 from __future__ import annotations
 
 import itertools
-import json
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-import torch
 
-from hybridlab.atomic import atomic_file, publish, remove_stale, temp_path
+from hybridlab.atomic import remove_stale, temp_path
+# the reading side and the file writers stay importable from here (hybridlab.data.packing.<name>)
+from hybridlab.data.packed_dataset import (  # noqa: F401
+    Documents,
+    PackedDataset,
+    batch_rows,
+    batch_to,
+    check_row_blocks,
+    cu_seqlens,
+    document_causal_mask,
+    documents_from_stream,
+    in_document_targets,
+    position_ids,
+    segment_lengths,
+    split_batch,
+    val_stream,
+)
+from hybridlab.data.packed_files import META_SCHEMA, PackedMixture, read_stats, write_packed  # noqa: F401
 from hybridlab.errors import HybridlabError
 
 ENGLISH = "eng_Latn"
-META_SCHEMA = {"row": pl.Int64, "lang": pl.Utf8, "split": pl.Utf8}
 _TOKENIZE_BATCH = 64
-
-
-@dataclass(frozen=True)
-class PackedMixture:
-    tokens_NS: np.ndarray  # int32 [N, seq_len]
-    meta: pl.DataFrame  # row, lang, split
-    stats: dict
-    doc_starts: list[np.ndarray] | None = None  # per row: int32 positions where a document starts
 
 
 def pack_stream(token_lists: Sequence[Sequence[int]], seq_len: int, eos_id: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -448,312 +452,3 @@ def _append_rows(tokens: np.ndarray, more: np.ndarray) -> np.ndarray:
     out.flush()
     _drop(tokens)
     return out
-
-
-def _atomic(path: Path, write) -> None:
-    with atomic_file(path) as tmp:
-        write(tmp)
-
-
-def _save_npy(array: np.ndarray):
-    def save(p: Path) -> None:
-        with open(p, "wb") as f:  # a file object: np.save would append ".npy" to a temporary path
-            np.save(f, array)
-
-    return save
-
-
-def write_packed(out_dir: str | Path, mixture: PackedMixture) -> None:
-    """Write tokens.npy, doc_starts.npy, doc_offsets.npy, meta.parquet and stats.json (each atomically)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    starts = mixture.doc_starts
-    if starts is None or len(starts) != len(mixture.tokens_NS):
-        raise HybridlabError("packing: the mixture has no per-row document starts; build it with pack_mixture")
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(x) for x in starts])
-    flat = np.concatenate(starts).astype(np.int32) if starts else np.zeros(0, dtype=np.int32)
-    tokens = mixture.tokens_NS
-    if isinstance(tokens, np.memmap) and Path(tokens.filename).parent.resolve() == out.resolve():
-        tokens.flush()  # pack_mixture(spill_dir=out) built it on disk: publish the file itself
-        publish(tokens.filename, out / "tokens.npy")
-    else:
-        _atomic(out / "tokens.npy", _save_npy(tokens.astype(np.int32, copy=False)))
-    _atomic(out / "doc_starts.npy", _save_npy(flat))
-    _atomic(out / "doc_offsets.npy", _save_npy(offsets))
-    _atomic(out / "meta.parquet", lambda p: mixture.meta.write_parquet(p))
-    _atomic(out / "stats.json", lambda p: p.write_text(json.dumps(mixture.stats, indent=2, sort_keys=True) + "\n"))
-
-
-def pack_stream_to_disk(
-    texts: Iterable[str],
-    tokenizer,
-    out_dir: str | Path,
-    *,
-    lang: str,
-    seq_len: int,
-    train_tokens: int,
-    val_fraction: float,
-    seed: int,
-    block_rows: int = 1,
-) -> dict:
-    """Stream documents until `train_tokens` (+ val rows) are packed, writing the `write_packed` layout.
-
-    For text too large for memory (BLD-NL's English web stream at the paper preset: tens of billions of
-    tokens): tokens.npy is a memory-mapped file filled as documents arrive, in stream order (the source
-    is assumed shuffled). The first documents fill ``max(1, round(val_fraction * rows))`` val rows
-    (whole blocks), the following ones the train rows; train blocks are then placed in the
-    ``default_rng(seed)`` block order of `pack_mixture`. A stream that ends early is a one-line error
-    naming both token counts. Returns the stats.
-    """
-    eos_id = tokenizer.eos_token_id
-    if eos_id is None:
-        raise HybridlabError("packing: the tokenizer has no eos_token; use a tokenizer with an EOS token")
-    if block_rows < 1 or seq_len < 2 or train_tokens < 1:
-        raise HybridlabError(f"packing: need block_rows >= 1, seq_len >= 2, train_tokens >= 1 "
-                             f"(got {block_rows}, {seq_len}, {train_tokens})")
-    n_train = _whole_blocks(-(-train_tokens // seq_len), block_rows, up=True)
-    n_val = _whole_blocks(max(1, int(round(val_fraction * n_train))), block_rows, up=True) if val_fraction > 0 else 0
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_stale(out / "tokens.npy")
-    tmp = temp_path(out / "tokens.npy")
-    tokens = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int32, shape=(n_val + n_train, seq_len))
-    block_perm = np.random.default_rng(seed).permutation(n_train // block_rows)
-    slot = np.empty_like(block_perm)
-    slot[block_perm] = np.arange(len(block_perm))  # stream block b is stored as train block slot[b]
-
-    def stored_row(k: int) -> int:  # k-th packed row of the stream -> row of tokens.npy
-        if k < n_val:
-            return n_train + k
-        b, r = divmod(k - n_val, block_rows)
-        return int(slot[b]) * block_rows + r
-
-    starts: list[np.ndarray] = [np.zeros(0, np.int32)] * (n_val + n_train)
-    buf: list[np.ndarray] = []  # pending stream tokens (not yet a whole row)
-    buf_starts: list[int] = []  # document starts inside the pending tokens
-    buffered, k, max_id, n_docs = 0, 0, -1, 0
-    it = iter(texts)
-    while k < n_val + n_train:
-        batch = [t for t in itertools.islice(it, _TOKENIZE_BATCH) if t]
-        if not batch:
-            break
-        for doc in tokenizer(batch, add_special_tokens=False)["input_ids"]:
-            if doc:
-                n_docs += 1
-                buf_starts.append(buffered)
-                buf += [np.asarray(doc, dtype=np.int64), np.array([eos_id], dtype=np.int64)]
-                buffered += len(doc) + 1
-        stream = np.concatenate(buf) if buf else np.zeros(0, np.int64)
-        st = np.asarray(buf_starts, dtype=np.int64)
-        while len(stream) >= seq_len and k < n_val + n_train:
-            # Whole rows of the current region (val, then train); a document cut at a row's end continues
-            # in the next row of the same region.
-            limit = n_val - k if k < n_val else n_val + n_train - k
-            full = min(len(stream) // seq_len, limit)
-            for j in range(full):
-                row = stream[j * seq_len:(j + 1) * seq_len]
-                tokens[stored_row(k)] = row
-                max_id = max(max_id, int(row.max()))
-                lo, hi = np.searchsorted(st, [j * seq_len, (j + 1) * seq_len])
-                starts[stored_row(k)] = (st[lo:hi] - j * seq_len).astype(np.int32)
-                k += 1
-            cut = full * seq_len
-            if k == n_val and full == limit and n_val > 0:
-                # val is full: train starts at the next document start, so no document is in both splits
-                nxt = st[st >= cut]
-                cut = int(nxt[0]) if len(nxt) else len(stream)
-            stream, st = stream[cut:], st[st >= cut] - cut
-        buf, buffered, buf_starts = [stream], len(stream), st.tolist()
-    if k < n_val + n_train:
-        del tokens
-        tmp.unlink()
-        raise HybridlabError(
-            f"packing: the {lang} stream ended after {k * seq_len} tokens but {(n_val + n_train) * seq_len} are needed "
-            f"({train_tokens} train + val); use a larger source or lower the training budget"
-        )
-    tokens.flush()
-    del tokens
-    publish(tmp, out / "tokens.npy")
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(x) for x in starts])
-    _atomic(out / "doc_starts.npy", _save_npy(np.concatenate(starts).astype(np.int32)))
-    _atomic(out / "doc_offsets.npy", _save_npy(offsets))
-    meta = pl.DataFrame({"row": np.arange(n_val + n_train), "lang": [lang] * (n_val + n_train),
-                         "split": ["train"] * n_train + ["val"] * n_val}, schema=META_SCHEMA)
-    _atomic(out / "meta.parquet", lambda p: meta.write_parquet(p))
-    info = {"target_share": 1.0, "target_rows": n_val + n_train, "train_rows": n_train, "val_rows": n_val,
-            "train_tokens": n_train * seq_len, "val_tokens": n_val * seq_len, "docs_streamed": n_docs,
-            "short": False, "achieved_share": 1.0}
-    stats = {"seq_len": seq_len, "seed": seed, "eos_id": int(eos_id), "block_rows": block_rows, "max_token_id": max_id,
-             "english_share": 1.0, "val_fraction": val_fraction, "total_tokens_requested": train_tokens,
-             "train_tokens": n_train * seq_len, "val_tokens": n_val * seq_len, "languages": {lang: info},
-             "streamed": True}
-    _atomic(out / "stats.json", lambda p: p.write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n"))
-    return stats
-
-
-def read_stats(out_dir: str | Path) -> dict:
-    """stats.json of a packed mixture directory."""
-    path = Path(out_dir) / "stats.json"
-    if not path.is_file():
-        raise HybridlabError(f"packed data: {path} is missing; run the packing step first")
-    return json.loads(path.read_text())
-
-
-class Documents(NamedTuple):
-    """Packed rows with per-document positions: the input of a document-masked forward.
-
-    ``position_ids`` restart at 0 at every document start; transformers turns them into a block-diagonal
-    causal mask and the hybrids' mixers into state resets (``hybridlab.models.convert.packed_documents``).
-    Collates with ``default_collate`` and moves with the training loop's device transfer like a tuple.
-    """
-
-    input_ids: torch.Tensor  # [..., T]
-    position_ids: torch.Tensor  # [..., T]
-
-
-def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(input ids, position ids or None) of a plain id tensor or a :class:`Documents` batch."""
-    if isinstance(batch, Documents):
-        return batch.input_ids, batch.position_ids
-    return batch, None
-
-
-def batch_rows(batch, start: int, stop: int):
-    """Rows ``start:stop`` of a plain id tensor or a :class:`Documents` batch."""
-    if isinstance(batch, Documents):
-        return Documents(batch.input_ids[start:stop], batch.position_ids[start:stop])
-    return batch[start:stop]
-
-
-def batch_to(batch, device):
-    """A plain id tensor or a :class:`Documents` batch on ``device``."""
-    if isinstance(batch, Documents):
-        return Documents(batch.input_ids.to(device), batch.position_ids.to(device))
-    return batch.to(device)
-
-
-def in_document_targets(batch) -> torch.Tensor:
-    """Bool ``[B, T]``: position t has a successor in its own document (so next-token losses score it).
-
-    Plain rows: every position but the last. Documents: also not the last token of each document (its
-    successor begins the next document, which the masked forward keeps out of its context).
-    """
-    ids, pos = split_batch(batch)
-    keep = torch.ones_like(ids, dtype=torch.bool)
-    keep[..., -1] = False
-    if pos is not None:
-        keep[..., :-1] &= pos[..., 1:] != 0
-    return keep
-
-
-class PackedDataset(torch.utils.data.Dataset):
-    """Rows of one split (optionally one language) of a packed mixture, as int64 LongTensors [seq_len].
-
-    With ``documents=True`` an item is :class:`Documents` (the row and its per-document positions, from
-    the mixture's document starts) for document-masked training. `doc_starts(i)` gives the positions
-    where a document starts in row i; `block_rows` how many consecutive rows of one stream the packer
-    kept together.
-    """
-
-    def __init__(self, out_dir: str | Path, split: str, lang: str | None = None, documents: bool = False):
-        out = Path(out_dir)
-        for name in ("tokens.npy", "meta.parquet"):
-            if not (out / name).is_file():
-                raise HybridlabError(f"packed data: {out / name} is missing; run the packing step first")
-        self.dir = out
-        self.tokens = np.load(out / "tokens.npy", mmap_mode="r")
-        meta = pl.read_parquet(out / "meta.parquet").filter(pl.col("split") == split)
-        if lang is not None:
-            meta = meta.filter(pl.col("lang") == lang)
-        if meta.height == 0:
-            raise HybridlabError(f"packed data: no rows for split={split!r} lang={lang!r} in {out}; check the names")
-        self.rows = meta["row"].to_numpy()
-        self.langs: list[str] = meta["lang"].to_list()
-        self.seq_len = int(self.tokens.shape[1])
-        stats = json.loads((out / "stats.json").read_text()) if (out / "stats.json").is_file() else {}
-        self.block_rows = int(stats.get("block_rows", 1))
-        self.eos_id = stats.get("eos_id")
-        self._starts = self._offsets = None
-        if (out / "doc_starts.npy").is_file() and (out / "doc_offsets.npy").is_file():
-            self._starts = np.load(out / "doc_starts.npy", mmap_mode="r")
-            self._offsets = np.load(out / "doc_offsets.npy", mmap_mode="r")
-        elif documents:
-            raise HybridlabError(f"packed data: {out} has no doc_starts.npy/doc_offsets.npy, which "
-                                 "data.packing.document_mask needs; repack the mixture")
-        self.documents = documents
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int):
-        ids = torch.from_numpy(np.asarray(self.tokens[self.rows[i]], dtype=np.int64))
-        if not self.documents:
-            return ids
-        return Documents(ids, torch.from_numpy(position_ids(self.doc_starts(i), self.seq_len)))
-
-    def doc_starts(self, i: int) -> np.ndarray:
-        """Positions (int64, ascending) at which a document starts inside row i of this split."""
-        if self._starts is None:
-            raise HybridlabError(f"packed data: {self.dir} has no doc_starts.npy/doc_offsets.npy; repack the mixture")
-        r = self.rows[i]
-        return np.asarray(self._starts[self._offsets[r]:self._offsets[r + 1]], dtype=np.int64)
-
-
-def val_stream(mixture_dir: str | Path) -> np.ndarray:
-    """The English val rows of a packed mixture concatenated: contiguous text in document order."""
-    val = PackedDataset(mixture_dir, "val")
-    return np.concatenate([np.asarray(val.tokens[r], dtype=np.int64) for r in val.rows])
-
-
-def documents_from_stream(stream: np.ndarray, eos_id: int) -> list[np.ndarray]:
-    """Split a token stream at EOS (packing writes `doc EOS doc EOS ...`); empty pieces dropped."""
-    cuts = np.flatnonzero(stream == eos_id)
-    pieces = np.split(stream, cuts)
-    docs = [p[1:] if len(p) and p[0] == eos_id else p for p in pieces]
-    return [d for d in docs if len(d)]
-
-
-def check_row_blocks(rows: PackedDataset, k: int, what: str) -> None:
-    """One-line error unless sequences of `k` joined rows stay inside the packer's blocks (contiguous text)."""
-    if k > 1 and rows.block_rows % k:
-        raise HybridlabError(
-            f"{what}: a sequence joins {k} packed rows but {rows.dir} keeps blocks of {rows.block_rows} consecutive "
-            f"rows, so joined rows would be unrelated text; repack with block_rows a multiple of {k}"
-        )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Document masking: what a model needs to keep attention and recurrent state inside each document.
-# A sequence of length T with document starts S (ascending, in [0, T)) has segments
-# [0, s_1), [s_1, s_2), ..., [s_m, T) (the first one is the tail of a document begun in an earlier row
-# when 0 is not in S). fla's varlen kernels take `cu_seqlens` over a batch flattened to [1, B*T];
-# HF attention takes `position_ids` that restart at 0 per segment plus a block-diagonal causal mask.
-
-
-def segment_lengths(starts: Sequence[int], length: int) -> np.ndarray:
-    """Lengths of the segments a sequence of `length` tokens with document `starts` splits into."""
-    st = np.asarray(starts, dtype=np.int64)
-    if st.size and (st[0] < 0 or st[-1] >= length or (np.diff(st) <= 0).any()):
-        raise HybridlabError(f"document starts {st.tolist()} must be ascending and inside [0, {length})")
-    bounds = np.unique(np.concatenate([[0], st, [length]]))
-    return np.diff(bounds)
-
-
-def position_ids(starts: Sequence[int], length: int) -> np.ndarray:
-    """Positions that restart at 0 at every segment start (int64 [length])."""
-    lens = segment_lengths(starts, length)
-    return np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
-
-
-def cu_seqlens(batch_starts: Sequence[Sequence[int]], length: int) -> np.ndarray:
-    """fla-style cumulative segment boundaries (int32 [n_segments + 1]) of a batch flattened to [1, B*T]."""
-    lens = np.concatenate([segment_lengths(s, length) for s in batch_starts]) if len(batch_starts) else np.zeros(0)
-    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-
-
-def document_causal_mask(starts: Sequence[int], length: int) -> np.ndarray:
-    """Bool [length, length]: query i may attend to key j iff j <= i and both lie in one segment."""
-    seg = np.repeat(np.arange(len(segment_lengths(starts, length))), segment_lengths(starts, length))
-    return (seg[:, None] == seg[None, :]) & np.tri(length, dtype=bool)

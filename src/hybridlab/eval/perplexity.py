@@ -69,7 +69,7 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     """
     from pathlib import Path
 
-    from hybridlab.data.packing import PackedDataset
+    from hybridlab.data.packed_dataset import PackedDataset
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill
 

@@ -342,7 +342,7 @@ def position_loss_documents(cfg: dict, *, mixture: str | None = None, tokenizer:
     import numpy as np
 
     if cfg["documents"] == "mixture_val":
-        from hybridlab.data.packing import documents_from_stream, val_stream
+        from hybridlab.data.packed_dataset import documents_from_stream, val_stream
 
         stats = json.loads((Path(mixture) / "stats.json").read_text())
         return documents_from_stream(val_stream(str(mixture)), stats["eos_id"])

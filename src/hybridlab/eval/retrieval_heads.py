@@ -428,7 +428,7 @@ def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixtur
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.eval.pairs import arm_columns
     from hybridlab.models.registry import load_causal_lm
-    from hybridlab.data.packing import val_stream
+    from hybridlab.data.packed_dataset import val_stream
 
     cfg_in, seed = params["retrieval_heads"], params["seed"]
     duo = DuoConfig(sink=cfg_in["sink"], recent=cfg_in["recent"], steps=cfg_in["steps"],

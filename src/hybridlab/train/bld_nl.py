@@ -165,7 +165,7 @@ def train_config_dict(run: dict, *, out_dir: str, seed: int, steps: int, plan) -
 
 
 class JoinedRows(torch.utils.data.Dataset):
-    """Sequences of `k` consecutive rows of a packed split (`hybridlab.data.packing.PackedDataset`)."""
+    """Sequences of `k` consecutive rows of a packed split (`hybridlab.data.packed_dataset.PackedDataset`)."""
 
     def __init__(self, rows: Any, k: int):
         if k < 1:
@@ -180,7 +180,7 @@ class JoinedRows(torch.utils.data.Dataset):
         return len(self.rows) // self.k
 
     def __getitem__(self, i: int):
-        from hybridlab.data.packing import Documents, position_ids
+        from hybridlab.data.packed_dataset import Documents, position_ids
 
         parts = [self.rows[i * self.k + j] for j in range(self.k)]
         if not isinstance(parts[0], Documents):

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from hybridlab.data.packing import batch_rows, batch_to, split_batch
+from hybridlab.data.packed_dataset import batch_rows, batch_to, split_batch
 from hybridlab.errors import HybridlabError
 from hybridlab.models.convert import MixerAttention, hybrid_spec
 from hybridlab.models.sites import decoder_layers_or_none

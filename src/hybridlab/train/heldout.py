@@ -43,10 +43,10 @@ def _chunked_nll_kl(model: nn.Module, teacher: nn.Module | None, batch, chunk_to
                     key=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """token_nll and token_kl ([B, T-1] each) without full logits where the models allow it.
 
-    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents``. `teacher_memo` keeps the
+    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packed_dataset.Documents``. `teacher_memo` keeps the
     frozen teacher's final hidden states under `key`, so a teacher scored on the same rows again (every
     student, every curve point) runs only its head."""
-    from hybridlab.data.packing import split_batch
+    from hybridlab.data.packed_dataset import split_batch
     from hybridlab.train.losses import token_kl_chunked, token_nll_chunked
     from hybridlab.train.tasks import final_hidden, lm_head_side, logits_side, next_token_labels, projects_logits
 
@@ -75,7 +75,7 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
                         teacher_memo: dict | None = None) -> pl.DataFrame:
     """Tidy rows (model, lang, n_tokens, ce, ppl, kl) over packed rows [N, T]; kl is null without a teacher.
 
-    ``input_ids`` may be ``hybridlab.data.packing.Documents``: both models then run document-masked and
+    ``input_ids`` may be ``hybridlab.data.packed_dataset.Documents``: both models then run document-masked and
     only positions whose successor lies in their own document are scored (CE and KL alike).
 
     `per_row` (a list) receives one dict per input row: row (its index), lang, n_tokens, ce and kl (that
@@ -88,7 +88,7 @@ def evaluate_perplexity(model: nn.Module, input_ids: torch.Tensor, langs: Sequen
     (`hybridlab.train.tasks.logits_side`, `chunk_tokens` rows x `vocab_chunk` columns of logits at a
     time), so no `[B, T, V]` tensor is built; other modules' full logits are scored as given.
     """
-    from hybridlab.data.packing import batch_rows, batch_to, in_document_targets, split_batch
+    from hybridlab.data.packed_dataset import batch_rows, batch_to, in_document_targets, split_batch
 
     rows_NT = split_batch(input_ids)[0]
     if rows_NT.dim() != 2 or rows_NT.shape[1] < 2:

@@ -92,7 +92,7 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from hybridlab.data.budget import check_train_data
-    from hybridlab.data.packing import PackedDataset
+    from hybridlab.data.packed_dataset import PackedDataset
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.train.config import TrainConfig
     from hybridlab.train.loop import train
@@ -182,7 +182,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     import torch
 
     from hybridlab.data.budget import check_mixture_vocab, check_train_data
-    from hybridlab.data.packing import PackedDataset
+    from hybridlab.data.packed_dataset import PackedDataset
     from hybridlab.models.io import load_hybrid, save_hybrid
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill as D
@@ -447,7 +447,7 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
         torch.set_num_threads(threads)
 
     from hybridlab.data.budget import check_train_data
-    from hybridlab.data.packing import PackedDataset, check_row_blocks
+    from hybridlab.data.packed_dataset import PackedDataset, check_row_blocks
     from hybridlab.data.tokenizer import load_tokenizer
     from hybridlab.models.io import save_hybrid
     from hybridlab.train import bld_nl
@@ -532,7 +532,8 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
     """
     import polars as pl
 
-    from hybridlab.data.packing import pack_mixture, write_packed
+    from hybridlab.data.packed_files import write_packed
+    from hybridlab.data.packing import pack_mixture
     from hybridlab.data.tokenizer import load_tokenizer
 
     if params.get("stream"):
@@ -570,7 +571,7 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
 def _pack_english_stream(params: dict, tok, out, log) -> dict:
     """BLD-NL's English mixture at hub presets: stream the web source until the largest arm's budget is packed."""
     from hybridlab.data import hub
-    from hybridlab.data.packing import pack_stream_to_disk
+    from hybridlab.data.streamed_packing import pack_stream_to_disk
     from hybridlab.train.bld_nl import bld_nl_need_tokens
 
     stream, bld = params["stream"], params["bld_nl"]

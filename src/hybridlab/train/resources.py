@@ -189,7 +189,7 @@ def _fixed(rule: str, offline: bool, basis: str = "fixed allowance") -> RuleReso
 
 
 def _hub_params(name: str) -> float:
-    from hybridlab.train.plan import KNOWN_MODELS, dense_params, shape_of
+    from hybridlab.train.model_shapes import KNOWN_MODELS, dense_params, shape_of
 
     if name in HUB_MODEL_PARAMS:
         return HUB_MODEL_PARAMS[name]
@@ -208,7 +208,8 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     from hybridlab.data.tokenizer import tokenizer_plan
     from hybridlab.train.arms import layer_kinds
     from hybridlab.train.bld_nl import bld_nl_need_tokens
-    from hybridlab.train.plan import _n_fa, dense_params, disk_preset, mixer_params, model_params, shape_of
+    from hybridlab.train.disk_plan import disk_preset
+    from hybridlab.train.model_shapes import _n_fa, dense_params, mixer_params, model_params, shape_of
 
     data, exp, tr = C["data"], C["experiments"], C["train"]
     d = tr["distill"]

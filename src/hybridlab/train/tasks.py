@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import default_collate
 
-from hybridlab.data.packing import batch_to, in_document_targets, split_batch
+from hybridlab.data.packed_dataset import batch_to, in_document_targets, split_batch
 from hybridlab.errors import HybridlabError
 from hybridlab.train.losses import Projected, Side, ce_chunked, token_nll_chunked
 
@@ -46,7 +46,7 @@ def lm_head_side(model: nn.Module, hidden_BTD: torch.Tensor) -> Projected:
 def final_hidden(model: nn.Module, batch) -> torch.Tensor:
     """Final (post-norm) hidden states from the decoder stack alone; the head is never applied.
 
-    ``batch``: input ids ``[B, T]``, or ``hybridlab.data.packing.Documents`` whose ``position_ids`` keep
+    ``batch``: input ids ``[B, T]``, or ``hybridlab.data.packed_dataset.Documents`` whose ``position_ids`` keep
     attention (transformers' packed-sequence mask) and the mixers' state inside each document.
     """
     ids, pos = split_batch(batch)
@@ -66,7 +66,7 @@ def projects_logits(model: nn.Module) -> bool:
 def logits_side(model: nn.Module, batch, **kwargs) -> Side:
     """The model's logits at every position as a loss side (see module docstring); kwargs go to forward.
 
-    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packing.Documents`` (document-masked forward).
+    ``batch``: input ids ``[B, T]`` or ``hybridlab.data.packed_dataset.Documents`` (document-masked forward).
     """
     if projects_logits(model):
         return lm_head_side(model, final_hidden(model, batch))
@@ -108,7 +108,7 @@ def heldout_ce_by_language(model: nn.Module, dataset, *, max_rows_per_language: 
     """Token-mean CE on the first `max_rows_per_language` held-out rows of each language.
 
     `dataset` indexes to LongTensor rows and has `.langs` (one language per row), like
-    `hybridlab.data.packing.PackedDataset`. Returns {"ce": overall, "ce/<lang>": ...}.
+    `hybridlab.data.packed_dataset.PackedDataset`. Returns {"ce": overall, "ce/<lang>": ...}.
     """
     rows_by_lang: dict[str, list[int]] = defaultdict(list)
     for i, lang in enumerate(dataset.langs):
