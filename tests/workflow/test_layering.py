@@ -195,3 +195,13 @@ def test_the_check_finds_a_cycle_through_a_lazy_import():
     assert import_cycles(graph) == [["hybridlab.train.a", "hybridlab.train.b", "hybridlab.train.c"]]
     sources["hybridlab.train.c"] = ("def f():\n    import torch\n", False)
     assert import_cycles(import_graph(sources)) == []
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_library_module_over_the_line_limit():
+    """A module a newcomer reads in one sitting: none of src/hybridlab over MAX_MODULE_LINES lines."""
+    sizes = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    assert len(sizes) > 50
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
