@@ -38,7 +38,9 @@ def test_softcka_table_matches_a_direct_computation(analysis):
                          "alignment_gram_rows", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
                          "sigma_convention"]
     assert (t["cka_lo"] <= t["cka_hi"]).all() and t["cka_lo"].is_not_nan().all()  # smoke: softcka.n_boot 100
-    params = _params(work, "softcka")
+    # the gather's record names the models; the settings are in each per-model job's record
+    assert set(_params(work, "softcka")["models"]) == MODELS
+    params = _params(work, "softcka/seed0/teacher--sandwich-gdn")
     cfg = params["softcka"]
     langs = cfg["languages"]
     assert set(t["model"]) == MODELS and set(t["lang"]) == set(langs) and set(t["method"]) == {"exact"}
