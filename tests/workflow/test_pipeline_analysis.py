@@ -188,6 +188,9 @@ def test_analysis_rules_fit_the_smoke_budget_and_record_provenance(analysis):
         if name == "niah":  # one job per model (benchmarks/niah/<model>.tsv), gathered into niah.parquet
             benches = sorted((analysis / "results/eval/smoke/benchmarks/niah").glob("*.tsv"))
             assert len(benches) == len(record["params"]["models"]) == len(MODELS)
+        elif name == "softcka":  # likewise (benchmarks/softcka/seed<N>/<model>.tsv)
+            benches = sorted((analysis / "results/eval/smoke/benchmarks/softcka").glob("seed*/*.tsv"))
+            assert len(benches) == len(record["params"]["models"]) == len(MODELS)
         else:
             benches = [analysis / f"results/eval/smoke/benchmarks/{name}.tsv"]
             assert record["params"]["seed"] == 1234
