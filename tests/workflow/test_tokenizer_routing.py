@@ -124,4 +124,5 @@ def test_smoke_dag_keeps_its_shape():
     assert counts["table"] == 10 and counts["figure"] == 15
     # BLD-SR: 4 arms (one of each kind); distillation: 2 placements x (convert, stage 1, stage 2); BLD-NL: 4 arms
     assert counts["bld_sr"] == 4 and counts["distill_stage2"] == 2 and counts["bld_nl"] == 4
-    assert sum(counts.values()) == 58  # NIAH: one eval_niah job per model (3) + the niah_tables gather
+    # NIAH and SoftCKA: one job per model (3 each) + a gather job each
+    assert counts["eval_softcka_model"] == 3 and sum(counts.values()) == 61
