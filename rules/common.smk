@@ -676,15 +676,8 @@ def softcka_gather_params(seed):
     return as_json({"models": [m.name for m in models], "pairs": sorted({p for m in models for p in m.pairs})})
 
 
-def niah_hub_model(wc):
-    """The hub id of a NIAH job's published model, None for a model of the DAG (its job's mem_mb)."""
-    m = NIAH_MODELS[wc.model]
-    return m.path if m.hub else None
-
-
-def softcka_hub_model(wc):
-    """As niah_hub_model, for one eval_softcka_model job."""
-    m = softcka_model(wc)
+def hub_id(m):
+    """The hub id of a published AnalysisModel, None for a model of the DAG (a per-model job's mem_mb)."""
     return m.path if m.hub else None
 
 
@@ -693,11 +686,6 @@ def model_inputs(m):
     if m.hub:
         return []
     return [f"{m.path}/{f}" for f in (MODEL_FILES if m.path in _TEACHER_DIRS else ("model.safetensors", "hybrid.json"))]
-
-
-def niah_model_inputs(slug):
-    """The DAG files one NIAH job reads (none for a hub model)."""
-    return model_inputs(NIAH_MODELS[slug])
 
 
 def heads_position_params(section):

@@ -23,7 +23,7 @@ rule eval_softcka_model:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        **job_resources("eval_softcka_model", gpus(1), model=softcka_hub_model),
+        **job_resources("eval_softcka_model", gpus(1), model=lambda wc: hub_id(softcka_model(wc))),
     params:
         cfg=lambda wc: model_params("softcka", wc.model, softcka_seed_arg(wc.seed)),
         name=lambda wc: softcka_model(wc).name,
@@ -174,7 +174,7 @@ rule eval_niah:
     """OneRULER-style NIAH of one model: per-example accuracy, runtime, peak memory and OOM per language, task
     and context length (a rerun reuses the tasks a killed job finished)."""
     input:
-        models=lambda wc: niah_model_inputs(wc.model),
+        models=lambda wc: model_inputs(NIAH_MODELS[wc.model]),
         mono=CORPUS["mono"],
         tokenizer=[tokenizer_file(t) for t in TOKENIZERS],
     output:
@@ -190,7 +190,7 @@ rule eval_niah:
         CUDA_ENV
     threads: 1 if not ON_GPU else 8
     resources:
-        **job_resources("eval_niah", gpus("eval_niah"), model=niah_hub_model),
+        **job_resources("eval_niah", gpus("eval_niah"), model=lambda wc: hub_id(NIAH_MODELS[wc.model])),
     params:
         cfg=lambda wc: model_params("niah", wc.model),
         name=lambda wc: NIAH_MODELS[wc.model].name,
