@@ -82,14 +82,32 @@ def test_tokens_to_target_from_smoothed_curves_hand_computed():
     # a straight line is unchanged by the centred running mean; targets 5 - 4q: 3, 1.8, 1.4, 1 for q = .5 .8 .9 1
     assert sw["target"].to_list() == pytest.approx([3.0, 1.8, 1.4, 1.0])
     # baseline reaches them at 200, 320, 360, 400 tokens; sandwich (one lower) at 100, 220, 260, 300
-    assert sw["fraction"].to_list() == pytest.approx([0.5, 220 / 320, 260 / 360, 0.75])
-    assert sw["fraction_lo"].to_list() == pytest.approx(sw["fraction"].to_list())  # identical seeds: zero width
-    assert sw["n_seeds"].to_list() == [2] * 4 and sw["n_below_at_start"].to_list() == [0] * 4
+    # stage 2 alone: the stage-2 fraction is the fraction
+    assert sw["fraction_stage2"].to_list() == pytest.approx([0.5, 220 / 320, 260 / 360, 0.75])
+    assert sw["fraction"].to_list() == pytest.approx(sw["fraction_stage2"].to_list())
+    # identical seeds, none censored: a zero-width interval
+    assert sw["fraction_stage2_lo"].to_list() == pytest.approx(sw["fraction_stage2"].to_list())
+    assert sw["n_seeds"].to_list() == [2] * 4 and sw["n_reached"].to_list() == [2] * 4
+    assert sw["status"].to_list() == ["measured"] * 4
     ep = df.filter(pl.col("placement") == "endpoint_spread")
-    # already below every target at its first evaluation: fraction 0 is an upper bound, flagged for both seeds
-    assert ep["fraction"].to_list() == [0.0] * 4 and ep["n_below_at_start"].to_list() == [2] * 4
+    # already below every target at stage 2's first evaluation: censored, no value and no interval, bound 0
+    assert ep["status"].to_list() == ["censored"] * 4 and ep["n_past_at_start"].to_list() == [2] * 4
+    assert ep["n_reached"].to_list() == [0] * 4 and ep["bound_past"].to_list() == [0.0] * 4
+    assert all(math.isnan(v) for v in ep["fraction_stage2"].to_list() + ep["fraction_stage2_lo"].to_list())
     base = df.filter(pl.col("placement") == "standard_periodic")
-    assert base["fraction"].to_list() == pytest.approx([1.0] * 4)
+    assert base["fraction_stage2"].to_list() == pytest.approx([1.0] * 4)
+
+
+def test_tokens_to_target_table_gives_no_interval_when_a_seed_is_censored():
+    d = _distill()
+    # seed 1's sandwich curve never comes down to the baseline's final 1.0: right-censored at 400 / 400 tokens
+    never = (pl.col("seed") == 1) & (pl.col("run") == "t/sandwich-gdn")
+    d = d.with_columns(pl.when(never).then(pl.col("eval/ce") + 2.0).otherwise(pl.col("eval/ce")).alias("eval/ce"))
+    r = U.tokens_to_target_table(d).filter((pl.col("placement") == "sandwich") & (pl.col("level") == 1.0)).row(
+        0, named=True)
+    assert (r["n_seeds"], r["n_reached"], r["n_never"], r["status"]) == (2, 1, 1, "censored")
+    assert r["fraction_stage2"] == pytest.approx(0.75) and r["bound_never"] == pytest.approx(1.0)
+    assert math.isnan(r["fraction_stage2_lo"]) and math.isnan(r["fraction_stage2_hi"])
 
 
 def _stage1(seeds=(0, 1)):
@@ -116,10 +134,16 @@ def test_tokens_to_target_over_both_stages_is_not_degenerate():
     assert full.filter(pl.col("placement") == "standard_periodic")["target"].item() == pytest.approx(1.0)
     # endpoint_spread: 9 -> 4.95 at 50 -> 0.9 at 100: crosses 1 at 50 + 50 * (4.95 - 1) / (4.95 - 0.9) tokens
     x = 50 + 50 * (4.95 - 1.0) / (4.95 - 0.9)
+    # that is inside stage 1 (x < 100 tokens), so on stage-2 tokens the seed is past the target at its start
+    assert x < 100
     r = full.filter(pl.col("placement") == "endpoint_spread").row(0, named=True)
-    assert r["fraction"] == pytest.approx(x / 500) and r["n_below_at_start"] == 0
-    # sandwich: 9 -> 6.5 -> 4 at 100, then 3, 2, 1 at 200, 300, 400
-    assert full.filter(pl.col("placement") == "sandwich")["fraction"].item() == pytest.approx(400 / 500)
+    assert (r["status"], r["n_past_at_start"], r["bound_past"]) == ("censored", 2, 0.0) and math.isnan(r["fraction"])
+    # sandwich: 9 -> 6.5 -> 4 at 100, then 3, 2, 1 at 200, 300, 400: two-stage 400 / 500, stage-2 300 / 400
+    sw = full.filter(pl.col("placement") == "sandwich").row(0, named=True)
+    assert sw["fraction"] == pytest.approx(400 / 500) and sw["fraction_stage2"] == pytest.approx(300 / 400)
+    # at q = 0.5 the baseline's target (5) is its own stage-2 start: no stage-2 fraction is defined
+    half = df.filter((pl.col("level") == 0.5) & (pl.col("placement") == "sandwich")).row(0, named=True)
+    assert (half["status"], half["n_baseline_past"]) == ("undefined", 2)
     with pytest.raises(HybridlabError, match="no stage-1 metrics"):
         U.join_stages(_distill(), _stage1(seeds=(0,)))
 

@@ -272,38 +272,48 @@ def _distill_columns(runs: pl.DataFrame) -> pl.DataFrame:
 def tokens_to_target_table(runs: pl.DataFrame, stage1: pl.DataFrame | None = None,
                            baseline: str = "standard_periodic", column: str = "eval/ce",
                            levels=TARGET_LEVELS, window: int = 3) -> pl.DataFrame:
-    """Tokens to target from smoothed distillation curves, at several targets, aggregated over seeds.
+    """Tokens to target at several targets, per (teacher, mixer, placement, level), on STAGE-2 tokens with
+    each seed's censoring counted (`tokens_to_target_seeds` per level).
 
-    `runs`: the stage-2 logs; with `stage1` (the stage-1 logs) each curve spans the whole distillation from
-    the converted model (`join_stages`, column span = "stage1+2"), otherwise stage 2 alone (span "stage2").
-    Stage 2 alone is degenerate when an arm starts it already past the baseline's final loss: the converted
-    model with freshly initialised mixers is far above every target, so the two-stage curve always crosses.
-    Per seed, the baseline placement's curve smoothed (centred running mean over `window` evaluations)
-    gives the targets s_0 - q (s_0 - s_last) for q in `levels`; every placement's smoothed curve of the same
-    seed is read at each target (`tokens_to_targets`). One row per (teacher, mixer, placement, level):
-    target (mean over seeds), fraction = tokens / baseline tokens (mean over the seeds that reached it) with
-    its seed t-interval, tokens (mean), n_seeds, n_reached, n_below_at_start (seeds whose first evaluation
-    is already past the target: their fraction is an upper bound, not a measured speed-up).
+    The targets are the baseline's smoothed s_0 - q (s_0 - s_last) for q in `levels` (q = 1: its final loss).
+    `fraction_stage2` is the mean over the seeds that reached the target during stage 2 (status "reached");
+    its seed t-interval (`_lo`, `_hi`) is given only when no seed is censored, since a censored seed's
+    fraction is a bound, not a value (`status` "censored"; "measured" when every seed reached it;
+    "undefined" when no seed has a defined stage-2 fraction). `bound_past` is the largest upper bound of
+    the seeds already past the target at stage 2's start, `bound_never` the smallest lower bound of those
+    that never reach it. `fraction` is the two-stage fraction (stage-1 tokens counted on both sides), a
+    second view pulled towards 1 by the tokens both share.
     """
-    if column not in runs.columns:
-        raise HybridlabError(f"distill metrics lack column '{column}'; rebuild the distill_stage2 runs")
-    span = "stage2"
-    if stage1 is not None:
-        runs, span = join_stages(runs, stage1), "stage1+2"
-    per = tokens_to_targets(_distill_columns(runs), baseline, column, levels, window)
+    per = pl.concat([tokens_to_target_seeds(runs, stage1, baseline, column, q, window).with_columns(level=pl.lit(q))
+                     for q in levels])
     rows = []
     keys = ["teacher", "mixer", "placement", "level"]
     for key, g in per.sort(keys + ["seed"], nulls_last=True).group_by(keys, maintain_order=True):
-        reached = g.filter(pl.col("fraction").is_not_nan())
-        rows.append({**dict(zip(keys, key)), "target": float(g["target"].mean()),
-                     **spread_columns(reached["fraction"].to_list(), "fraction"),
-                     "tokens": float(reached["tokens"].mean()) if reached.height else math.nan,
-                     "n_seeds_total": g.height, "n_reached": reached.height,
-                     "n_below_at_start": int(g["below_at_start"].sum())})
-    df = pl.DataFrame(rows, orient="row").rename({"n_seeds": "n_seeds_reached", "n_seeds_total": "n_seeds"})
-    return df.with_columns(span=pl.lit(span)).select(
-        "teacher", "mixer", "placement", "span", "level", "target", "n_seeds", "n_reached", "n_below_at_start",
-        "fraction", "fraction_lo", "fraction_hi", "tokens")
+        status = g["status"].to_list()
+        reached = g.filter(pl.col("status") == REACHED)
+        spread = spread_columns(reached["fraction_stage2"].to_list(), "fraction_stage2")
+        n_censored = status.count(PAST_AT_START) + status.count(NEVER)
+        if n_censored:
+            spread["fraction_stage2_lo"] = spread["fraction_stage2_hi"] = math.nan
+        past = g.filter(pl.col("status") == PAST_AT_START)["bound"]
+        never = g.filter(pl.col("status") == NEVER)["bound"]
+        rows.append({**dict(zip(keys, key)), "span": g["span"][0], "target": float(g["target"].mean()),
+                     "n_seeds": g.height, "n_reached": reached.height, "n_past_at_start": status.count(PAST_AT_START),
+                     "n_never": status.count(NEVER), "n_baseline_past": status.count(BASELINE_PAST),
+                     "status": "undefined" if not reached.height and not n_censored
+                     else ("censored" if n_censored else "measured"),
+                     "fraction_stage2": spread["fraction_stage2"], "fraction_stage2_lo": spread["fraction_stage2_lo"],
+                     "fraction_stage2_hi": spread["fraction_stage2_hi"],
+                     "bound_past": float(past.max()) if past.len() else math.nan,
+                     "bound_never": float(never.min()) if never.len() else math.nan,
+                     "fraction": float(reached["fraction"].mean()) if reached.height else math.nan,
+                     "tokens": float(reached["tokens"].mean()) if reached.height else math.nan})
+    f, i = pl.Float64, pl.Int64
+    schema = {"teacher": pl.String, "mixer": pl.String, "placement": pl.String, "level": f, "span": pl.String,
+              "target": f, "n_seeds": i, "n_reached": i, "n_past_at_start": i, "n_never": i, "n_baseline_past": i,
+              "status": pl.String, "fraction_stage2": f, "fraction_stage2_lo": f, "fraction_stage2_hi": f,
+              "bound_past": f, "bound_never": f, "fraction": f, "tokens": f}
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 REACHED, PAST_AT_START, NEVER, BASELINE_PAST = "reached", "past_at_start", "never", "baseline_past_at_start"
