@@ -265,12 +265,19 @@ def test_every_figure_and_table_has_a_caption():
 def test_softcka_first_fa_change_hybrid_and_dense():
     # synthetic: cka = 0.9 - 0.1 * layer - 0.05 * lang_index; the hybrid's first FA decoder layer is layer 1,
     # i.e. hidden row 2; the change from row 1 to row 2 is -0.1 for both roles and languages.
-    df = plot_tables.softcka_first_fa_table(_softcka())
+    # the alignment (the headline columns) rises by 0.2 at hidden row 2 for the hybrid, 0.05 for the dense model
+    jump = pl.when((pl.col("layer") >= 2) & (pl.col("role") == "hybrid")).then(0.2).otherwise(0.0)
+    soft = _softcka().with_columns(alignment=0.3 + 0.05 * (pl.col("layer") >= 2).cast(pl.Float64) * (
+        pl.col("role") == "dense").cast(pl.Float64) + jump)
+    df = plot_tables.softcka_first_fa_table(soft)
     assert df.height == 4 and set(df["first_fa_layer"]) == {2}
     assert sorted(df["role"].unique()) == ["dense", "hybrid"]
+    assert df.columns.index("alignment_change") < df.columns.index("cka_before")
     row = df.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
     assert row["cka_before"] == pytest.approx(0.75) and row["cka_after"] == pytest.approx(0.65)
-    assert df["change"].to_list() == pytest.approx([-0.1] * 4)
+    assert (row["alignment_before"], row["alignment_after"]) == pytest.approx((0.3, 0.5))
+    assert df["cka_change"].to_list() == pytest.approx([-0.1] * 4)
+    assert df["alignment_change"].to_list() == pytest.approx([0.05, 0.05, 0.2, 0.2])  # dense, dense, hybrid, hybrid
     dense_only = _softcka().filter(pl.col("role") == "dense")
     with pytest.raises(HybridlabError, match="no hybrid with a full-attention layer"):
         plot_tables.softcka_first_fa_table(dense_only)

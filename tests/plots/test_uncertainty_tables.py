@@ -354,6 +354,7 @@ def test_softcka_first_fa_table_carries_the_bootstrap():
     row = t.filter((pl.col("role") == "hybrid") & (pl.col("lang") == "rus_Cyrl")).row(0, named=True)
     assert (row["cka_after_lo"], row["cka_after_hi"]) == pytest.approx((0.64, 0.67))
     assert (row["cka_before_lo"], row["cka_before_hi"]) == pytest.approx((0.74, 0.77))
+    assert math.isnan(row["alignment_after_lo"])  # no alignment bootstrap in this table
 
 
 def test_figures_draw_uncertainty():
@@ -365,7 +366,12 @@ def test_figures_draw_uncertainty():
         return sum(isinstance(c, PolyCollection) for ax in fig.axes for c in ax.collections)
 
     soft = _softcka().with_columns(cka_lo=pl.col("cka") - 0.01, cka_hi=pl.col("cka") + 0.01)
-    assert bands(figures.softcka_pairs(soft)) == 4  # 2 languages x hybrid / dense
+    assert bands(figures.softcka_pairs(soft)) == 4  # 2 languages x hybrid / dense, in the CKA panel
+    both = soft.with_columns(alignment_lo=pl.col("alignment") - 0.01, alignment_hi=pl.col("alignment") + 0.01)
+    fig = figures.softcka_pairs(both)
+    assert bands(fig) == 8  # and in the alignment panel above it
+    assert [ax.get_ylabel() for ax in fig.axes if ax.get_visible()] == [figures.SOFTCKA_LABELS["alignment"],
+                                                                        figures.SOFTCKA_LABELS["cka"]]
     assert bands(figures.softcka_pairs(_softcka())) == 0
     # three seeds of the same two curves: one band per placement and panel (CE, KL)
     assert bands(figures.distill_curves(_distill(seeds=(0, 1, 2)))) >= 2

@@ -35,7 +35,7 @@ import polars as pl
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import stats
 from hybridlab.models.placements import FULL_ATTENTION, draw_placements
-from hybridlab.plots.style import FA_COLOR, PALETTE, ROLE_COLORS, LazyModule, new_figure, sns, themed
+from hybridlab.plots.style import FA_COLOR, MAX_COLS, PALETTE, ROLE_COLORS, LazyModule, new_figure, sns, themed
 from hybridlab.plots.tables import _melt_prefix, _sorted, require
 from hybridlab.plots.uncertainty import nl_runs, seed_band
 
@@ -86,36 +86,53 @@ def placements(softcka: pl.DataFrame):
     return fig
 
 
-def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metric: str = "cka"):
-    """SoftCKA by layer, one panel per pair: colour = language, solid hybrid vs dashed dense, FA shaded."""
-    df = require(softcka, ["pair", "role", "kind", "layer", "layer_type", "lang", metric], "softcka")
+SOFTCKA_LABELS = {"alignment": "alignment vs English (pairs)", "cka": "sentence-set SoftCKA vs English (second view)"}
+
+
+def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metrics=("alignment", "cka")):
+    """SoftCKA by layer, one panel per (metric, pair): the per-pair cross-language alignment (the headline) in
+    the top rows, the sentence-set CKA (a second view) below; colour = language, solid hybrid vs dashed
+    dense, the hybrid's FA layers shaded, bootstrap bands over sentences where the table has them."""
+    df = require(softcka, ["pair", "role", "kind", "layer", "layer_type", "lang", *metrics], "softcka")
     df = df.filter(pl.col("kind") == kind)
     if df.height == 0:
         raise HybridlabError(f"table 'softcka' has no rows of kind '{kind}'")
     pairs, langs = _sorted(df, "pair"), _sorted(df, "lang")
+    ncols = min(len(pairs), MAX_COLS)
+    block = -(-len(pairs) // ncols) * ncols  # panels per metric: whole rows, so each metric starts a row
     with themed():
-        fig, axes = new_figure(len(pairs), sharey=True)
-        for ax, pair in zip(axes, pairs):
-            d = df.filter(pl.col("pair") == pair)
-            fa = d.filter((pl.col("role") == "hybrid") & (pl.col("layer_type") == FULL_ATTENTION))
-            for x in sorted(set(fa["layer"].to_list())):
-                ax.axvspan(x - 0.5, x + 0.5, color=FA_COLOR, alpha=0.12, lw=0)
-            sns.lineplot(data=_pd(d.sort(["role", "lang", "layer"])), x="layer", y=metric, hue="lang",
-                         hue_order=langs, style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES,
-                         palette=PALETTE, marker="o", errorbar=None, ax=ax)
-            if f"{metric}_lo" in d.columns:  # bootstrap over sentences (softcka.n_boot), one band per line
-                colors = dict(zip(langs, sns.color_palette(PALETTE, len(langs))))
-                for (lang, _), g in d.sort(["lang", "role", "layer"]).group_by(["lang", "role"], maintain_order=True):
-                    g = g.filter(pl.col(f"{metric}_lo").is_not_nan())
-                    if g.height:
-                        ax.fill_between(g["layer"].to_list(), g[f"{metric}_lo"].to_list(), g[f"{metric}_hi"].to_list(),
-                                        color=colors[lang], alpha=0.15, lw=0)
-            _title(ax, pair)
-            ax.set_ylabel(f"Soft{metric.upper()} vs English" if metric == "cka" else metric)
-            ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-        fig.suptitle(f"SoftCKA vs English by layer ({kind}); shaded: the hybrid's full-attention layers", fontsize=9)
+        fig, grid = new_figure(block * len(metrics), ncols)
+        axes = []
+        for b, metric in enumerate(metrics):
+            for k, pair in enumerate(pairs):
+                ax = grid[b * block + k]
+                axes.append(ax)
+                _softcka_panel(ax, df.filter(pl.col("pair") == pair), metric, langs)
+                _title(ax, pair)
+                ax.set_ylabel(SOFTCKA_LABELS.get(metric, metric))
+            for ax in grid[b * block + len(pairs):(b + 1) * block]:
+                ax.set_visible(False)
+        fig.suptitle(f"Cross-language alignment and SoftCKA vs English by layer ({kind}); shaded: the hybrid's "
+                     "full-attention layers", fontsize=9)
         _legend_once(axes)
     return fig
+
+
+def _softcka_panel(ax, d: pl.DataFrame, metric: str, langs: list) -> None:
+    fa = d.filter((pl.col("role") == "hybrid") & (pl.col("layer_type") == FULL_ATTENTION))
+    for x in sorted(set(fa["layer"].to_list())):
+        ax.axvspan(x - 0.5, x + 0.5, color=FA_COLOR, alpha=0.12, lw=0)
+    sns.lineplot(data=_pd(d.sort(["role", "lang", "layer"])), x="layer", y=metric, hue="lang",
+                 hue_order=langs, style="role", style_order=["hybrid", "dense"], dashes=ROLE_DASHES,
+                 palette=PALETTE, marker="o", errorbar=None, ax=ax)
+    if f"{metric}_lo" in d.columns:  # bootstrap over sentences (softcka.n_boot), one band per line
+        colors = dict(zip(langs, sns.color_palette(PALETTE, len(langs))))
+        for (lang, _), g in d.sort(["lang", "role", "layer"]).group_by(["lang", "role"], maintain_order=True):
+            g = g.filter(pl.col(f"{metric}_lo").is_not_nan())
+            if g.height:
+                ax.fill_between(g["layer"].to_list(), g[f"{metric}_lo"].to_list(), g[f"{metric}_hi"].to_list(),
+                                color=colors[lang], alpha=0.15, lw=0)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def recency(rec: pl.DataFrame):

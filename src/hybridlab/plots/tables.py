@@ -164,11 +164,15 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
 
     Hidden-state row `layer` i is the output of decoder layer i-1 (row 0 = embeddings) and carries that
     layer's type. For each pair, `first_fa_layer` is the first hidden row of the hybrid whose layer is
-    full attention; `change` = cka(first_fa_layer) - cka(first_fa_layer - 1), for the hybrid and, at
-    the same depth, for its dense partner (the paper's "jump at the first FA layer" is the hybrid's
-    change exceeding the dense model's). Pairs whose hybrid has no FA layer are left out.
+    full attention. For the per-pair cross-language alignment (the headline quantity) and for the
+    sentence-set CKA (a second view): `<metric>_before` at row first_fa_layer - 1, `<metric>_after` at
+    first_fa_layer (with their sentence-bootstrap bounds where the table has them), and `<metric>_change`
+    = after - before, for the hybrid and, at the same depth, for its dense partner. Whether the largest
+    change across layers sits at this layer is the findings table's test. Pairs whose hybrid has no FA
+    layer are left out.
     """
-    df = require(softcka, ["pair", "role", "model", "kind", "layer", "layer_type", "lang", "cka"], "softcka")
+    df = require(softcka, ["pair", "role", "model", "kind", "layer", "layer_type", "lang", "alignment", "cka"],
+                 "softcka")
     df = df.filter(pl.col("kind") == "hidden")
     first = (df.filter((pl.col("role") == "hybrid") & (pl.col("layer_type") == FULL_ATTENTION))
              .group_by("pair").agg(first_fa_layer=pl.col("layer").min()))
@@ -176,17 +180,21 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
         raise HybridlabError("table 'softcka' has no hybrid with a full-attention layer (hidden rows); "
                              "nothing to compare at the first FA layer")
     df = df.join(first, on="pair")
-    if "cka_lo" not in df.columns:  # a table written before the sentence bootstrap
-        df = df.with_columns(cka_lo=pl.lit(math.nan), cka_hi=pl.lit(math.nan))
-    at = df.filter(pl.col("layer") == pl.col("first_fa_layer")).select(
-        "pair", "role", "model", "lang", "first_fa_layer", cka_after="cka", cka_after_lo="cka_lo",
-        cka_after_hi="cka_hi")
-    before = df.filter(pl.col("layer") == pl.col("first_fa_layer") - 1).select(
-        "pair", "role", "lang", cka_before="cka", cka_before_lo="cka_lo", cka_before_hi="cka_hi")
-    out = at.join(before, on=["pair", "role", "lang"]).with_columns(change=pl.col("cka_after") - pl.col("cka_before"))
-    return out.sort(["pair", "role", "lang"]).select(
-        "pair", "role", "model", "lang", "first_fa_layer", "cka_before", "cka_before_lo", "cka_before_hi",
-        "cka_after", "cka_after_lo", "cka_after_hi", "change")
+    metrics = ("alignment", "cka")
+    for m in metrics:
+        if f"{m}_lo" not in df.columns:  # a table written without the sentence bootstrap
+            df = df.with_columns(pl.lit(math.nan).alias(f"{m}_lo"), pl.lit(math.nan).alias(f"{m}_hi"))
+
+    def side(name: str, offset: int) -> pl.DataFrame:
+        cols = {f"{m}_{name}{b}": f"{m}{b}" for m in metrics for b in ("", "_lo", "_hi")}
+        return df.filter(pl.col("layer") == pl.col("first_fa_layer") + offset).select(
+            "pair", "role", "model", "lang", "first_fa_layer", **{k: pl.col(v) for k, v in cols.items()})
+
+    out = side("after", 0).join(side("before", -1).drop("model", "first_fa_layer"), on=["pair", "role", "lang"])
+    out = out.with_columns(**{f"{m}_change": pl.col(f"{m}_after") - pl.col(f"{m}_before") for m in metrics})
+    per_metric = [f"{m}_{c}" for m in metrics for c in ("before", "before_lo", "before_hi", "after", "after_lo",
+                                                         "after_hi", "change")]
+    return out.sort(["pair", "role", "lang"]).select("pair", "role", "model", "lang", "first_fa_layer", *per_metric)
 
 
 def bld_nl_table(runs: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
