@@ -821,11 +821,17 @@ _BLD = (
 
 
 # A preset without the BLD study draws none of its figures and tables; the findings table reads what exists.
-_BLD_TABLES = {"retrieval_score", "bld_sr", "bld_nl", "position_loss_summary", "position_loss"}
+_BLD_TABLES = {"retrieval_score", "bld_sr", "bld_nl", "position_loss_summary", "position_loss", "retrieval_heads_masking"}
 
 
 def _needs(name, needs):
-    return [n for n in needs if BLD_STUDY or n not in _BLD_TABLES]
+    """The inputs of table `name` this preset builds: an optional input the preset lacks is left out."""
+    optional = set(_registry.OPTIONAL_INPUTS.get(name, ()))
+    return [
+        n
+        for n in needs
+        if (BLD_STUDY or n not in _BLD_TABLES) and (PAPER_PATH or n not in _PAPER_ONLY or n not in optional)
+    ]
 
 
 FIGURES = {
@@ -834,7 +840,7 @@ FIGURES = {
 TABLES = {
     name: _inputs(_needs(name, needs))
     for name, (_, needs) in _registry.TABLES.items()
-    if (PAPER_PATH or not _PAPER_ONLY & set(needs)) and (BLD_STUDY or not name.startswith(_BLD))
+    if (PAPER_PATH or not _PAPER_ONLY & set(_needs(name, needs))) and (BLD_STUDY or not name.startswith(_BLD))
 }
 
 

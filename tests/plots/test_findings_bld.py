@@ -198,3 +198,64 @@ def test_the_registry_passes_the_position_loss_tables_to_the_findings_table():
     df = registry.render_table("table_findings", tables)
     (r,) = df.filter(pl.col("finding").str.starts_with("BLD lowers LongPPL")).iter_rows(named=True)
     assert r["effect"] == pytest.approx(-2.5)
+
+
+def _masking(acc: dict, n=20, heads=4) -> pl.DataFrame:
+    """Masking curves: accuracy `acc[variant](n_masked)` of a kda-xs arm with `heads` KV heads, n examples each."""
+    return pl.DataFrame([dict(model=f"kda-{v}", mixer="kda", size="xs", variant=v, n_masked=k, frac_masked=k / heads,
+                              accuracy=f(k), n=n) for v, f in acc.items() for k in range(heads + 1)])
+
+
+def test_retrieval_heads_rows_compare_the_last_three_heads_and_the_last_one():
+    # bld keeps 0.9 until only one head is left (0.5); the baseline falls to 0.3 once a head is masked, 0.1 at one
+    m = _masking({"bld": lambda k: 0.9 if k <= 1 else 0.5 if k == 3 else 0.0,
+                  "baseline": lambda k: 0.9 if k == 0 else 0.3 if k == 1 else 0.1 if k == 3 else 0.0})
+    rows = FB.retrieval_heads_rows(m)
+    three, one = rows
+    assert "all but the 3 highest-gate" in three["effect_definition"] and "(1 of 4 masked)" in three["effect_definition"]
+    assert three["effect"] == pytest.approx(0.6) and one["effect"] == pytest.approx(0.4)
+    # Newcombe from the Wilson intervals of 18/20 and 6/20
+    from hybridlab.eval import stats
+
+    a, b = stats.wilson_interval(18, 20), stats.wilson_interval(6, 20)
+    assert three["ci_lo"] == pytest.approx(0.6 - math.hypot(a.estimate - a.lo, b.hi - b.estimate))
+    assert three["expected"] == "+" and three["n_seeds"] == 1 and three["verdict"] == "inconclusive"
+    assert "18 of 20 (bld) vs 6 of 20 (baseline)" in three["note"]
+    # two heads: no "last three" row, only the last one
+    assert len(FB.retrieval_heads_rows(_masking({"bld": lambda k: 1.0, "baseline": lambda k: 0.0}, heads=2))) == 1
+
+
+def test_lm_benchmark_rows_read_the_bld_arms_recall_and_ruler():
+    rows = []
+    for v, rec, rul in (("baseline", 0.40, 0.20), ("bld", 0.45, 0.35)):
+        model = f"bld_nl/seed0/gdn-xs-{v}"
+        rows += [dict(model=model, task="recall", metric="mean", filter="none", value=rec, stderr=None),
+                 dict(model=model, task="ruler", metric="mean", filter="none", value=rul, stderr=None),
+                 dict(model=model, task="swde", metric="contains", filter="none", value=0.9, stderr=0.03)]
+    rows.append(dict(model="teachers/t", task="recall", metric="mean", filter="none", value=0.8, stderr=None))
+    out = FB.lm_benchmark_rows(pl.DataFrame(rows))
+    assert [(r["finding"], r["comparison"]) for r in out] == [
+        ("BLD improves in-context recall", "gdn-xs: bld vs baseline"),
+        ("BLD improves long-context retrieval (RULER)", "gdn-xs: bld vs baseline")]
+    assert [r["effect"] for r in out] == pytest.approx([0.05, 0.15])
+    assert all(r["verdict"] == "inconclusive" and r["expected"] == "+" for r in out)
+    # the rehearsal's local recall task, with lm-eval's standard errors: the normal interval in the note
+    local = pl.DataFrame([dict(model=f"bld_nl/seed0/kda-{v}", task="hybridlab_local_recall", metric="contains",
+                               filter="none", value=x, stderr=0.03) for v, x in (("baseline", 0.5), ("bld", 0.6))])
+    (r,) = FB.lm_benchmark_rows(local)
+    half = 1.96 * math.sqrt(2) * 0.03
+    assert r["effect"] == pytest.approx(0.1) and f"[{0.1 - half:.4g}, {0.1 + half:.4g}]" in r["note"]
+
+
+def test_the_registry_passes_masking_and_lm_eval_tables_to_the_findings_table():
+    from test_plots import _niah, _softcka
+    from test_uncertainty_tables import _distill, _rows, _stage1
+
+    bench = pl.DataFrame([dict(model=f"bld_nl/seed0/kda-{v}", task="recall", metric="mean", filter="none", value=x,
+                               stderr=None) for v, x in (("baseline", 0.5), ("bld", 0.6))])
+    tables = {"perplexity_rows": _rows(), "distill": _distill(), "softcka": _softcka(), "niah": _niah(),
+              "retrieval_heads_masking": _masking({"bld": lambda k: 1.0, "baseline": lambda k: 0.5}),
+              "lm_benchmarks": bench, "distill_stage1": _stage1()}
+    df = registry.render_table("table_findings", tables)
+    assert set(df.filter(pl.col("source") == "retrieval_heads_masking")["effect"].to_list()) == {0.5}
+    assert df.filter(pl.col("source") == "lm_benchmarks")["effect"].to_list() == pytest.approx([0.1])

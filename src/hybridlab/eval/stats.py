@@ -13,7 +13,7 @@ Definitions (docs/methods.md, "Statistics", has the formulas):
   the replicate statistics, numpy's linear interpolation); the point estimate is the statistic of the
   full sample. Paired: both arms resampled with the same indices. Cluster: whole groups resampled.
 - `wilson_interval`: Wilson score interval for a binomial proportion; `clopper_pearson_interval` the exact
-  one (dual to the exact sign test).
+  one (dual to the exact sign test); `newcombe_difference` the interval of a difference of two proportions.
 - `sign_test`: exact two-sided binomial test of the signs, ties (zero differences) dropped; `sign_test_counts`
   the same from counts, `sign_test_min_p` its smallest attainable p-value.
 - `paired_permutation_test`: random sign flips of the paired differences, statistic |mean difference|,
@@ -230,6 +230,16 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> Interval:
     lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact bounds at the edges (no rounding residue)
     hi = 1.0 if k == n else min(1.0, centre + half)
     return Interval(p, lo, hi, level, n, "wilson")
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> tuple[float, float, float]:
+    """(p1 - p2, lo, hi): Newcombe's hybrid score interval of a difference of two independent proportions,
+    from the Wilson intervals (l_i, u_i) of each: lo = d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
+    hi = d + sqrt((u1 - p1)^2 + (p2 - l2)^2). On paired examples it is conservative (wider)."""
+    a, b = wilson_interval(k1, n1, level), wilson_interval(k2, n2, level)
+    d = a.estimate - b.estimate
+    return (d, d - math.sqrt((a.estimate - a.lo) ** 2 + (b.hi - b.estimate) ** 2),
+            d + math.sqrt((a.hi - a.estimate) ** 2 + (b.estimate - b.lo) ** 2))
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:

@@ -325,16 +325,6 @@ def niah_counts(niah: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("k").sum(), pl.col("done").sum(), pl.col("n_oom").sum()))
 
 
-def newcombe_difference(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> tuple[float, float, float]:
-    """(p1 - p2, lo, hi): Newcombe's hybrid score interval of a difference of two independent proportions,
-    from the Wilson intervals (l_i, u_i) of each: lo = d - sqrt((p1 - l1)^2 + (u2 - p2)^2),
-    hi = d + sqrt((u1 - p1)^2 + (p2 - l2)^2)."""
-    a, b = stats.wilson_interval(k1, n1, level), stats.wilson_interval(k2, n2, level)
-    d = a.estimate - b.estimate
-    return (d, d - math.sqrt((a.estimate - a.lo) ** 2 + (b.hi - b.estimate) ** 2),
-            d + math.sqrt((a.hi - a.estimate) ** 2 + (b.estimate - b.lo) ** 2))
-
-
 def _niah_oom_row(pair: str, g: pl.DataFrame, rule: dict) -> dict:
     """OOM rate over all of the pair's examples (every language, task and length), hybrid minus dense."""
     tot = {r["role"]: (int(r["n_oom"]), int(r["n_oom"] + r["done"]))
@@ -346,7 +336,7 @@ def _niah_oom_row(pair: str, g: pl.DataFrame, rule: dict) -> dict:
         return _row(MULTI, NIAH_OOM, pair, definition, -1, math.nan, math.nan, math.nan, over, rule["n_seeds"], "",
                     math.nan, "niah", "skipped: a model has no examples", verdict=stats.INCONCLUSIVE)
     (kh, nh), (kd, nd) = tot["hybrid"], tot["dense"]
-    d, lo, hi = newcombe_difference(kh, nh, kd, nd)
+    d, lo, hi = stats.newcombe_difference(kh, nh, kd, nd)
     return _row(MULTI, NIAH_OOM, pair, definition, -1, d, lo, hi, over, rule["n_seeds"], "", math.nan, "niah",
                 f"OOM in {kh} of {nh} hybrid and {kd} of {nd} dense examples (examples skipped after an OOM at a "
                 "shorter length count as OOM)", units=rule["units"])
@@ -458,13 +448,15 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
                    baseline: str = "standard_periodic",
                    english: str = ENGLISH, recency: pl.DataFrame | None = None,
                    fertility: pl.DataFrame | None = None, position_loss_summary: pl.DataFrame | None = None,
-                   position_loss: pl.DataFrame | None = None) -> pl.DataFrame:
+                   position_loss: pl.DataFrame | None = None, retrieval_heads_masking: pl.DataFrame | None = None,
+                   lm_benchmarks: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
     are None for a preset that runs the multilinguality study alone (its BLD rows are then left out). The
     further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given, the BLD-NL
-    long-context rows (`findings_bld`) `position_loss_summary` and `position_loss`."""
+    long-context rows (`findings_bld`) `position_loss_summary` and `position_loss`, its retrieval-heads rows
+    `retrieval_heads_masking`, its recall / RULER rows `lm_benchmarks` (the paper preset and the rehearsal)."""
     from hybridlab.plots.findings_multi import multilinguality_rows
 
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
@@ -480,6 +472,14 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
         from hybridlab.plots.findings_bld import bld_nl_position_rows
 
         rows += bld_nl_position_rows(position_loss_summary, position_loss)
+    if retrieval_heads_masking is not None:
+        from hybridlab.plots.findings_bld import retrieval_heads_rows
+
+        rows += retrieval_heads_rows(retrieval_heads_masking)
+    if lm_benchmarks is not None:
+        from hybridlab.plots.findings_bld import lm_benchmark_rows
+
+        rows += lm_benchmark_rows(lm_benchmarks)
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")
     return pl.DataFrame(rows, schema=COLUMNS, orient="row")

@@ -322,3 +322,85 @@ def bld_nl_position_rows(summary: pl.DataFrame, buckets: pl.DataFrame | None = N
                 math.nan, "position_loss", "first seed's models; no paired interval, each arm's over the documents: "
                 + "; ".join(_interval_words(r, "mean_loss") for r in (lb, ll))))
     return out
+
+
+HEADS_KEPT = (3, 1)  # the study compares keeping the last three retrieval heads with keeping one
+
+
+def retrieval_heads_rows(masking: pl.DataFrame) -> list[dict]:
+    """BLD-NL retrieval-heads rows of the first seed's arms, per mixer and size and for k in `HEADS_KEPT`:
+    passkey accuracy with every head but the k highest-gate ones masked to streaming attention, BLD minus
+    baseline (expected +: BLD's retrieval lives in its attention heads). The interval is Newcombe's over the
+    passkey test examples (conservative: both arms see the same examples); one seed, so the seed rule keeps
+    it inconclusive. A model with k heads or fewer has no such row."""
+    out: list[dict] = []
+    need = {"mixer", "size", "variant", "n_masked", "accuracy", "n"}
+    if masking is None or masking.is_empty() or not need <= set(masking.columns):
+        return out
+    sizes = set(masking["size"].to_list())
+    curves = {(r["mixer"], r["size"], r["variant"]): r for r in masking.group_by(["mixer", "size", "variant"]).agg(
+        n_heads=pl.col("n_masked").max(), acc=pl.col("accuracy"), masked=pl.col("n_masked"), n=pl.col("n").first()
+    ).iter_rows(named=True)}
+    for mixer, size in sorted({(m, z) for m, z, _ in curves}):
+        base, bld = curves.get((mixer, size, "baseline")), curves.get((mixer, size, "bld"))
+        if base is None or bld is None or base["n_heads"] != bld["n_heads"]:
+            continue
+        label = f"{_arm_label(mixer, size, sizes)}: bld vs baseline"
+        for keep in HEADS_KEPT:
+            if base["n_heads"] <= keep:
+                continue
+            at = base["n_heads"] - keep
+            a = dict(zip(bld["masked"], bld["acc"]))[at]
+            b = dict(zip(base["masked"], base["acc"]))[at]
+            ka, kb = round(a * bld["n"]), round(b * base["n"])
+            d, lo, hi = stats.newcombe_difference(ka, bld["n"], kb, base["n"])
+            out.append(F._row(
+                F.BLD, "BLD keeps passkey retrieval in its highest-gate attention heads (the study compares "
+                       "keeping the last three heads with keeping one)", label,
+                f"passkey accuracy with all but the {keep} highest-gate KV head{'s' if keep > 1 else ''} masked "
+                f"to streaming ({at} of {base['n_heads']} masked), BLD minus baseline", 1, d, lo, hi,
+                "examples (Newcombe interval; first seed's models)", 1, "", math.nan, "retrieval_heads_masking",
+                f"passkey {ka} of {bld['n']} (bld) vs {kb} of {base['n']} (baseline)"))
+    return out
+
+
+# lm-eval summary rows read for the recall / RULER findings, in order; the first metric present decides
+RECALL_METRICS = (("recall", "mean"), ("hybridlab_local_recall", "contains"))
+RULER_METRICS = (("ruler", "mean"),)
+
+
+def lm_benchmark_rows(bench: pl.DataFrame) -> list[dict]:
+    """BLD-NL rows from lm-eval (the paper preset and the rehearsal): in-context recall (the six-task mean,
+    or the rehearsal's local recall task) and RULER (mean over its pairs), BLD minus baseline, per mixer
+    and size, expected + (the study: BLD gains on both). lm-eval scores the first seed's arms (model
+    `bld_nl/seed<N>/<arm>`), so one seed; the note gives lm-eval's normal interval of the difference where
+    it reports standard errors (independent-sample, so conservative on shared examples)."""
+    out: list[dict] = []
+    if bench is None or bench.is_empty():
+        return out
+    arms = (bench.filter(pl.col("model").str.starts_with("bld_nl/"))
+            .with_columns(arm=pl.col("model").str.split("/").list.last()))
+    if arms.is_empty():
+        return out
+    arms = arms.with_columns(mixer_size=pl.col("arm").str.replace(r"-[^-]+$", ""),
+                             variant=pl.col("arm").str.extract(r"-([^-]+)$"))
+    value = {(r["mixer_size"], r["variant"], r["task"], r["metric"]): (r["value"], r["stderr"])
+             for r in arms.iter_rows(named=True)}
+    for label, finding, metrics in (("recall", "BLD improves in-context recall", RECALL_METRICS),
+                                    ("ruler", "BLD improves long-context retrieval (RULER)", RULER_METRICS)):
+        for ms in sorted(set(arms["mixer_size"].to_list())):
+            for task, metric in metrics:
+                a, b = value.get((ms, "bld", task, metric)), value.get((ms, "baseline", task, metric))
+                if a is None or b is None:
+                    continue
+                d = a[0] - b[0]
+                ses = (a[1], b[1])
+                note = "first seed's models"
+                if all(se is not None and math.isfinite(se) for se in ses):
+                    half = 1.96 * math.sqrt(ses[0] ** 2 + ses[1] ** 2)
+                    note += f"; lm-eval's normal interval over examples [{d - half:.4g}, {d + half:.4g}]"
+                out.append(F._row(F.BLD, finding, f"{ms}: bld vs baseline",
+                                  f"lm-eval {task}/{metric} ({label}), BLD minus baseline", 1, d, math.nan, math.nan,
+                                  "none (one arm pair)", 1, "", math.nan, "lm_benchmarks", note))
+                break
+    return out

@@ -116,7 +116,12 @@ RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl", "softcka_seeds") 
 
 # Inputs a table reads when they exist (a preset without the BLD study has none of the BLD tables).
 OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl", "softcka_seeds", "recency", "fertility",
-                                      "position_loss_summary", "position_loss")}
+                                      "position_loss_summary", "position_loss", "retrieval_heads_masking",
+                                      "lm_benchmarks")}
+
+# table_findings' keyword-only inputs, in the order of its input list after softcka_seeds
+_FINDINGS_KEYWORDS = ("recency", "fertility", "position_loss_summary", "position_loss", "retrieval_heads_masking",
+                      "lm_benchmarks")
 
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),
@@ -131,10 +136,9 @@ TABLES = {
     "table_kl_gaps": (lambda *a, **k: _results_page.kl_gap_table(*a, **k), ["distill", "distill_stage1"]),
     # the tables after softcka_seeds are findings_table's keyword arguments
     "table_findings": (lambda *a, **k: _findings.findings_table(
-        *a[:9], **dict(zip(("recency", "fertility", "position_loss_summary", "position_loss"), a[9:])), **k),
+        *a[:9], **dict(zip(_FINDINGS_KEYWORDS, a[9:])), **k),
                        ["perplexity_rows", "distill", "softcka", "niah", "retrieval_score", "bld_sr", "bld_nl",
-                        "distill_stage1", "softcka_seeds", "recency", "fertility", "position_loss_summary",
-                        "position_loss"]),
+                        "distill_stage1", "softcka_seeds", *_FINDINGS_KEYWORDS]),
 }
 # the signature of the function behind a TABLES lambda: render_table passes it only the keywords it accepts
 _TABLE_SIGNATURES = {"table_findings": _findings.findings_table, "table_kl_gaps": _results_page.kl_gap_table}
