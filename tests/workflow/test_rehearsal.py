@@ -95,3 +95,13 @@ def test_longppl_external_evaluator_and_the_multilinguality_findings(rehearsal):
     # a row without an estimate is never reproduced
     assert table.filter(pl.col("effect").is_null() | pl.col("effect").is_nan())["verdict"].is_in(
         ["inconclusive"]).all()
+    # two NIAH lengths: each hybrid-vs-dense pair of the DAG gets its length row, and so do the BLD-NL arms'
+    # retrieval-heads (two KV heads: the last-one row) and lm-eval recall rows
+    from hybridlab.plots.findings import NIAH_LENGTH
+
+    length = table.filter((pl.col("finding") == NIAH_LENGTH) & (pl.col("comparison") != "swa-olmo-3"))
+    assert length.height >= 1 and length["effect"].is_not_nan().all()
+    assert sorted(table.filter(pl.col("source") == "retrieval_heads_masking")["comparison"]) == [
+        "gdn: bld vs baseline", "kda: bld vs baseline"]
+    assert sorted(table.filter(pl.col("source") == "lm_benchmarks")["comparison"]) == [
+        "gdn: bld vs baseline", "kda: bld vs baseline"]
