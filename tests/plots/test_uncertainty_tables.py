@@ -326,6 +326,26 @@ def test_readme_splice_is_exact_and_idempotent(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "needs exactly one" in r.stderr
 
 
+def test_readme_counts_view_counts_each_findings_verdicts(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = [("multi", "f1", "reproduced"), ("multi", "f1", "inconclusive"), ("multi", "f1", "inconclusive"),
+            ("bld", "f2", "contradicted")]
+    table = tmp_path / "table_findings.csv"
+    pl.DataFrame(rows, schema=["study", "finding", "verdict"], orient="row").write_csv(table)
+    page = tmp_path / "results.md"
+    page.write_text(f"{findings.BEGIN}\n{findings.END}\n")
+    script = Path(__file__).resolve().parents[2] / "workflow_scripts/readme_findings.py"
+    r = subprocess.run([sys.executable, str(script), "--table", str(table), "--readme", str(page), "--view", "counts",
+                        "--about", "from make all at commit abc1234"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = page.read_text()
+    assert "| multi | f1 | 1 reproduced, 2 inconclusive |" in text and "| bld | f2 | 1 contradicted |" in text
+    assert f"_Generated from `{table}` from make all at commit abc1234; do not edit by hand._" in text
+
+
 def test_softcka_sentence_bootstrap():
     import torch
 

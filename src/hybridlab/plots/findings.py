@@ -506,13 +506,28 @@ def narrow_markdown(table: pl.DataFrame, study: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice_into(text: str, table_md: str, source: str) -> str:
+def verdict_counts_markdown(table: pl.DataFrame) -> str:
+    """The findings table's shortest view as Markdown: one row per (study, finding), in the table's order,
+    with how many of its comparisons got each verdict (e.g. "2 reproduced, 3 inconclusive")."""
+    lines = ["| study | finding | verdicts over its comparisons |", "|---|---|---|"]
+    order = [stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE]
+    for (study, finding), g in table.group_by(["study", "finding"], maintain_order=True):
+        counts = g["verdict"].value_counts()
+        n = dict(zip(counts["verdict"].to_list(), counts["count"].to_list()))
+        words = ", ".join(f"{n[v]} {v}" for v in order + sorted(set(n) - set(order)) if n.get(v))
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in (study, finding, words)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def splice_into(text: str, table_md: str, source: str, about: str = "") -> str:
     """`text` (the README) with the lines between the BEGIN and END markers replaced by `table_md` as
-    generated, preceded by one line naming its `source` file. Idempotent; one-line error without markers."""
+    generated, preceded by one line naming its `source` file (and `about` it: the build it came from).
+    Idempotent; one-line error without markers."""
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise HybridlabError(f"the README needs exactly one '{BEGIN}' line followed by one '{END}' line; add "
                              "them where the findings table goes")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    body = f"\n_Generated from `{source}`; do not edit by hand._\n\n{table_md.rstrip()}\n"
+    about = f" {about.strip()}" if about.strip() else ""
+    body = f"\n_Generated from `{source}`{about}; do not edit by hand._\n\n{table_md.rstrip()}\n"
     return f"{head}{BEGIN}{body}{END}{tail}"
