@@ -4,11 +4,18 @@
 available, else the CPU; "cpu" is the CPU; "cuda" is `cuda:<local_rank>` and a one-line `HybridlabError`
 when no GPU is visible (so is an explicit "cuda:<n>"). Training (`hybridlab.train.distributed`) and the
 analyses (`hybridlab.eval`) all call it. Imports only torch and `hybridlab.errors`, so it sits below every layer.
+
+`bf16_is_fast(device_type)`: whether bf16 matmuls beat fp32 ones on this device, the rule behind the
+"fast" precision and dtype settings: on CUDA, and on CPUs with AMX tiles (bf16 matrix units). A CPU with
+AVX512-BF16 but no AMX runs bf16 GEMMs at about half its fp32 rate (oneDNN converts and accumulates per
+vector), so there "fast" is fp32.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
 import torch
 
@@ -31,3 +38,19 @@ def resolve_device(pref: str | torch.device | None = "auto", local_rank: int = 0
             raise HybridlabError(f"device={pref} but no CUDA device is visible; set device: cpu or auto")
         return torch.device(pref) if explicit else torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_has_amx() -> bool:
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    if init is not None:
+        return bool(init())
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def bf16_is_fast(device_type: str) -> bool:
+    """True where bf16 matmuls run faster than fp32 ones: CUDA, or a CPU with AMX (see the module docstring)."""
+    return device_type == "cuda" or (device_type == "cpu" and _cpu_has_amx())

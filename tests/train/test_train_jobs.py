@@ -163,8 +163,9 @@ def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, tea
             p.name for p in out.iterdir()}
         assert _published(out) == json.loads(json.dumps(summary))
         metrics = pl.read_parquet(out / "metrics.parquet")
-        assert set(summary) == {"stage", "steps", "tokens", "trainable_parameters", "train_seconds", "initial",
-                                "final"}
+        assert set(summary) == {"stage", "steps", "tokens", "trainable_parameters", "train_seconds", "precision",
+                                "initial", "final"}
+        assert summary["precision"] in ("fp32", "bf16")  # the precision the stage resolved to and ran at
         assert summary["stage"] == stage and summary["steps"] == 2 and summary["tokens"] == metrics["tokens"][-1] > 0
         first = metrics.row(0, named=True)
         assert first["step"] == 0 and first["tokens"] == 0 and metrics["step"].to_list() == [0, 1, 2]

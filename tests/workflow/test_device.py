@@ -41,3 +41,21 @@ def test_a_bad_choice_is_a_one_line_error_naming_the_allowed_values(bad):
         resolve_device(bad)
     msg = str(e.value)
     assert "\n" not in msg and f"device={bad!r}" in msg and all(d in msg for d in DEVICES)
+
+
+def test_fast_is_bf16_on_cuda_and_on_cpus_with_amx_only(monkeypatch):
+    """`precision: fast` / `dtype: fast`: bf16 where its matmuls beat fp32 (CUDA, AMX), fp32 otherwise."""
+    import torch
+
+    from hybridlab import device as D
+    from hybridlab.models.registry import _resolve_dtype
+    from hybridlab.train.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"out_dir": "x", "steps": 1, "micro_batch_size": 1, "lr": 1e-3, "precision": "fast"})
+    for amx, cpu in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(D, "_cpu_has_amx", lambda amx=amx: amx)
+        assert cfg.resolved_precision("cpu") == cpu and cfg.resolved_precision("cuda") == "bf16"
+        assert _resolve_dtype("fast", "cpu") == (torch.bfloat16 if amx else torch.float32)
+        assert _resolve_dtype("fast", "cuda:0") == torch.bfloat16
+    assert TrainConfig.from_dict({"out_dir": "x", "steps": 1, "micro_batch_size": 1, "lr": 1e-3}).resolved_precision(
+        "cpu") == "fp32"  # auto stays fp32 on every CPU

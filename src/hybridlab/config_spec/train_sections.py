@@ -48,7 +48,7 @@ class DistillStage:
     grad_clip: float | None = opt(1.0, "gradient-norm clip (null: none)", exclusiveMinimum=0)
     optimizer: Optimizer = opt("adamw", "optimiser")
     log_every: PosInt = opt(10, "updates between metric rows")
-    precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU")
+    precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU; fast: bf16 where its matmuls are faster (CUDA, CPUs with AMX), else fp32")
 
 
 @dataclass(kw_only=True)
@@ -70,8 +70,9 @@ class DistillTrain:
     eval_rows_per_language: PosInt = req("held-out rows per language for the curves")
     table_rows_per_language: int | None = req("held-out rows per language for the perplexity table "
                                               "(null: all)", minimum=1)
-    eval_dtype: Literal["float32", "bfloat16"] = opt(
-        UNSET, "dtype of the models in the perplexity table (absent: bfloat16 on CUDA, float32 on CPU)")
+    eval_dtype: Literal["float32", "bfloat16", "fast"] = opt(
+        UNSET, "dtype of the models in the perplexity table (absent: bfloat16 on CUDA, float32 on CPU; fast: "
+        "bfloat16 where its matmuls are faster, CUDA or a CPU with AMX)")
     eval_batch_size: PosInt = req("rows per evaluation batch")
     kl_chunk_tokens: PosInt = req("rows per chunk of the chunked KL (bounds logit memory)")
     kl_vocab_chunk: int | None = req("vocabulary columns per KL chunk (null: the whole vocabulary)", minimum=1)
@@ -116,7 +117,7 @@ class BldSrTrain:
         "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
         "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows_per_gap: PosInt = req("evaluation examples per gap")
-    precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU")
+    precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU; fast: bf16 where its matmuls are faster (CUDA, CPUs with AMX), else fp32")
 
 
 @dataclass(kw_only=True)

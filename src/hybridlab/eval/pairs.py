@@ -116,6 +116,12 @@ def load_analysis_model(model: AnalysisModel, *, dtype: str | None = None, devic
     returns its probabilities (needed by attention recency)."""
     from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
 
+    if dtype == "fast":  # bf16 where its matmuls beat fp32 on the device the model runs on
+        import torch
+
+        from hybridlab.device import bf16_is_fast
+
+        dtype = "bfloat16" if bf16_is_fast(torch.device(device).type) else "float32"
     lm = load_causal_lm(model.path, dtype=dtype, trust_remote_code=model.trust_remote_code)
     if eager_attention:
         lm.set_attn_implementation("eager")

@@ -74,9 +74,14 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     from hybridlab.train import distill
 
     device = resolve_device(device)
-    _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    dtype = _dtypes[params["dtype"]] if params.get("dtype") else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if params.get("dtype") == "fast":
+        from hybridlab.device import bf16_is_fast
+
+        dtype = torch.bfloat16 if bf16_is_fast(device.type) else torch.float32
+    else:
+        _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+        dtype = _dtypes[params["dtype"]] if params.get("dtype") else (
+            torch.bfloat16 if device.type == "cuda" else torch.float32)
     tables, token_tables, row_tables = [], [], []
 
     def run(model, ids, langs, name, teacher_model=None, memo=None, **cols):

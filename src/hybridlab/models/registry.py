@@ -102,12 +102,20 @@ def _tf_version() -> str:
     return transformers.__version__
 
 
-def _resolve_dtype(dtype):
+def _resolve_dtype(dtype, device=None):
+    """A torch dtype from its name; "fast" is bfloat16 where bf16 matmuls beat fp32 on `device` (CUDA, a CPU
+    with AMX: `hybridlab.device.bf16_is_fast`), else float32."""
+    if dtype == "fast":
+        from hybridlab.device import bf16_is_fast
+
+        kind = torch.device(device).type if isinstance(device, (str, torch.device)) and device != "auto" else (
+            "cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+        return torch.bfloat16 if bf16_is_fast(kind) else torch.float32
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
-    raise HybridlabError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}, 'auto', or a torch.dtype")
+    raise HybridlabError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}, 'auto', 'fast', or a torch.dtype")
 
 
 def _local_dir(name_or_path: str | os.PathLike) -> Path | None:
@@ -133,7 +141,7 @@ def load_causal_lm(name_or_path, *, dtype=None, trust_remote_code: bool = False,
 
     from hybridlab.models.native import patch_model_for_device
 
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = _resolve_dtype(dtype, device_map)
     name_or_path = resolve_model_source(name_or_path)  # config local_sources.models: hub id -> local dir
     local = _local_dir(name_or_path)
     name = os.fspath(name_or_path)

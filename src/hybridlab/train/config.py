@@ -31,7 +31,7 @@ from hybridlab.errors import HybridlabError
 
 SCHEDULES = ("cosine", "constant", "linear")
 OPTIMIZERS = ("adamw", "muon")
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "fast")
 DEVICES = ("auto", "cpu", "cuda")
 FSDP = ("auto", "always")
 FINAL_CHECKPOINTS = ("full", "weights")
@@ -134,9 +134,14 @@ class TrainConfig:
         return self.optimizer
 
     def resolved_precision(self, device_type: str) -> str:
-        """"auto" means bf16 autocast on CUDA and plain fp32 on CPU."""
+        """"auto" means bf16 autocast on CUDA and plain fp32 on CPU; "fast" bf16 wherever its matmuls beat
+        fp32 ones (CUDA, CPUs with AMX: `device.bf16_is_fast`), else fp32."""
         if self.precision == "auto":
             return "bf16" if device_type == "cuda" else "fp32"
+        if self.precision == "fast":
+            from hybridlab.device import bf16_is_fast
+
+            return "bf16" if bf16_is_fast(device_type) else "fp32"
         return self.precision
 
     def config_hash(self) -> str:

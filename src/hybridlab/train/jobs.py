@@ -284,7 +284,8 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     model.hybridlab_spec.extra = {**model.hybridlab_spec.extra, f"distill_stage{stage}":
                                   {"teacher": teacher, "steps": result.step, "tokens": result.tokens}}
     summary = {"stage": stage, "steps": result.step, "tokens": result.tokens, "trainable_parameters": n_train,
-               "train_seconds": seconds, "initial": initial, "final": final}
+               "train_seconds": seconds, "precision": cfg.resolved_precision(device.type), "initial": initial,
+               "final": final}
     with atomic_dir(out) as tmp:
         save_hybrid(model, tmp)
         metrics.write_parquet(tmp / METRICS_FILE)
