@@ -821,7 +821,14 @@ _BLD = (
 
 
 # A preset without the BLD study draws none of its figures and tables; the findings table reads what exists.
-_BLD_TABLES = {"retrieval_score", "bld_sr", "bld_nl", "position_loss_summary", "position_loss", "retrieval_heads_masking"}
+_BLD_TABLES = {
+    "retrieval_score",
+    "bld_sr",
+    "bld_nl",
+    "position_loss_summary",
+    "position_loss",
+    "retrieval_heads_masking",
+}
 
 
 def _needs(name, needs):
