@@ -500,7 +500,8 @@ def narrow_markdown(table: pl.DataFrame, study: str | None = None) -> str:
         table = table.filter(pl.col("study") == study)
     lines = ["| " + " | ".join(NARROW) + " |", "|" + "---|" * len(NARROW)]
     for r in table.iter_rows(named=True):
-        effect = "" if r["effect"] is None else f"{_num(r['effect'])} [{_num(r['ci_lo'])}, {_num(r['ci_hi'])}]"
+        ci = f" [{_num(r['ci_lo'])}, {_num(r['ci_hi'])}]" if _num(r["ci_lo"]) and _num(r["ci_hi"]) else ""
+        effect = _num(r["effect"]) + ci if _num(r["effect"]) else ""  # no estimate (censored, undefined): blank
         cells = [r["finding"], r["comparison"], effect, str(r["n_seeds"]), r["verdict"], r["note"] or ""]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
