@@ -54,3 +54,11 @@ def _cpu_has_amx() -> bool:
 def bf16_is_fast(device_type: str) -> bool:
     """True where bf16 matmuls run faster than fp32 ones: CUDA, or a CPU with AMX (see the module docstring)."""
     return device_type == "cuda" or (device_type == "cpu" and _cpu_has_amx())
+
+
+def fast_dtype(dtype, device_type: str):
+    """`dtype` with "fast" replaced by "bfloat16" where `bf16_is_fast(device_type)`, else "float32"; any other
+    value unchanged (the one place the "fast" dtype setting is resolved)."""
+    if dtype != "fast":
+        return dtype
+    return "bfloat16" if bf16_is_fast(device_type) else "float32"

@@ -119,9 +119,9 @@ def load_analysis_model(model: AnalysisModel, *, dtype: str | None = None, devic
     if dtype == "fast":  # bf16 where its matmuls beat fp32 on the device the model runs on
         import torch
 
-        from hybridlab.device import bf16_is_fast
+        from hybridlab.device import fast_dtype
 
-        dtype = "bfloat16" if bf16_is_fast(torch.device(device).type) else "float32"
+        dtype = fast_dtype(dtype, torch.device(device).type)
     lm = load_causal_lm(model.path, dtype=dtype, trust_remote_code=model.trust_remote_code)
     if eager_attention:
         lm.set_attn_implementation("eager")

@@ -74,14 +74,11 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     from hybridlab.train import distill
 
     device = resolve_device(device)
-    if params.get("dtype") == "fast":
-        from hybridlab.device import bf16_is_fast
+    from hybridlab.device import fast_dtype
 
-        dtype = torch.bfloat16 if bf16_is_fast(device.type) else torch.float32
-    else:
-        _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-        dtype = _dtypes[params["dtype"]] if params.get("dtype") else (
-            torch.bfloat16 if device.type == "cuda" else torch.float32)
+    _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    dtype = _dtypes[fast_dtype(params["dtype"], device.type)] if params.get("dtype") else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
     tables, token_tables, row_tables = [], [], []
 
     def run(model, ids, langs, name, teacher_model=None, memo=None, **cols):

@@ -106,11 +106,11 @@ def _resolve_dtype(dtype, device=None):
     """A torch dtype from its name; "fast" is bfloat16 where bf16 matmuls beat fp32 on `device` (CUDA, a CPU
     with AMX: `hybridlab.device.bf16_is_fast`), else float32."""
     if dtype == "fast":
-        from hybridlab.device import bf16_is_fast
+        from hybridlab.device import fast_dtype
 
         kind = torch.device(device).type if isinstance(device, (str, torch.device)) and device != "auto" else (
             "cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
-        return torch.bfloat16 if bf16_is_fast(kind) else torch.float32
+        dtype = fast_dtype(dtype, kind)
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     if isinstance(dtype, str) and dtype in _DTYPES:
