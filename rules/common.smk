@@ -2,6 +2,7 @@
 # The phase files (data, models, train, eval, figures .smk) hold their rules only; what they call is here,
 # in sections in the same phase order.
 
+import dataclasses
 import json
 import os
 import shlex
@@ -10,6 +11,7 @@ import sys
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from hybridlab.config import config_hash, experiment_seeds, placement_seeds, resolve, studies, validate
+from hybridlab.config_spec import DISTILL_JOBS
 from hybridlab.data.local_sources import DATASET_KEYS as LOCAL_DATASET_KEYS, check_paths, job_environment, local_sources
 from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.build_lock import clear_stale_lock, forget_owner, record_owner
@@ -495,20 +497,10 @@ DISTILL_FILES = ["config.json", "model.safetensors", "hybrid.json", "metrics.par
 
 
 def distill_params(stage, seed):
-    """The distill_train settings one stage uses (so editing stage 2's knobs never reruns stage 1); `seed` is
-    the replicate's (data order; the same for every placement of that seed)."""
+    """The distill_train settings one stage uses, its job section's fields (so editing stage 2's knobs never reruns
+    stage 1); `seed` is the replicate's (data order; the same for every placement of that seed)."""
     d = C["train"]["distill"]
-    own = {1: ["stage1", "stage1_inputs"], 2: ["stage2", "kl_chunk_tokens", "kl_vocab_chunk"]}[stage]
-    keys = own + [
-        "eval_every_tokens",
-        "ckpt_every_tokens",
-        "eval_rows_per_language",
-        "eval_batch_size",
-        "gradient_checkpointing",
-    ]
-    keys += ["teacher_sharding"] if "teacher_sharding" in d else []  # replicate (default) | shard
-    keys += ["keep_last_k"] if "keep_last_k" in d else []  # checkpoints kept (not part of the run's fingerprint)
-    keys += ["final_checkpoint"] if "final_checkpoint" in d else []  # full | weights (not fingerprinted either)
+    keys = [f.name for f in dataclasses.fields(DISTILL_JOBS[stage]) if f.name in d]
     return as_json({**{k: d[k] for k in keys}, "seed": int(seed), **DOCUMENT_MASK})
 
 

@@ -23,15 +23,26 @@ from hybridlab.heap import retain_freed_memory  # noqa: E402
 from hybridlab.train.jobs import is_main  # noqa: E402
 
 
-def parser(description: str, params: str | None = None) -> argparse.ArgumentParser:
+def parser(description: str, params: str | type | None = None) -> argparse.ArgumentParser:
     """The script's parser with the required `--params`; `--help` shows `description` as written and, when
-    given, `params` (the keys of `--params` the script reads) as the epilog."""
+    given, what `--params` holds as the epilog: the keys of a job's section (a `job_sections` class, through
+    `describe_job`) or a text."""
+    if isinstance(params, type):
+        from hybridlab.config_spec import describe_job
+
+        params = describe_job(params)
     p = argparse.ArgumentParser(description=description, epilog=params,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", required=True, help="JSON object of rule parameters (keys: see below)"
                    if params else "JSON object of rule parameters")
     return p
 
+
+def load_job(cls, text: str):
+    """`--params` as the job's typed section (`hybridlab.config.job_settings`: one line on a wrong key)."""
+    from hybridlab.config import job_settings
+
+    return job_settings(cls, load_params(text), Path(sys.argv[0]).name)
 
 
 def load_params(text: str) -> dict:

@@ -6,22 +6,24 @@ import json
 
 import _common
 
-PARAMS = """--params keys: gguf (a .gguf path, or package:<package>/<file> for a file an installed package ships),
-name (the teacher's name in the config)"""
-
 
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import TeacherJob
+
+    p = _common.parser(__doc__, TeacherJob)
     for name in ("--mixture", "--tokenizer", "--work"):
         p.add_argument(name, help="unused for GGUF teachers (accepted so every teacher script shares a rule)")
     p.add_argument("--out", required=True, help="the model directory")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(TeacherJob, args.params)
+    if not job.gguf:
+        raise _common.HybridlabError("convert_gguf_teacher.py: --params has no gguf; name the teacher's file in "
+                                     "models.gguf")
 
     from hybridlab.models.gguf import convert_gguf
 
-    record = convert_gguf(params["gguf"], args.out)
-    print(f"converted {params['name']} from {record['file']} -> {args.out}: {json.dumps(record, sort_keys=True)}")
+    record = convert_gguf(job.gguf, args.out)
+    print(f"converted {job.name} from {record['file']} -> {args.out}: {json.dumps(record, sort_keys=True)}")
 
 
 if __name__ == "__main__":

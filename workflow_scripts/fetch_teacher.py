@@ -10,22 +10,24 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import TeacherJob
+
+    p = _common.parser(__doc__, TeacherJob)
     for name in ("--mixture", "--tokenizer", "--work"):
         p.add_argument(name, help="unused for hub teachers (accepted so both teacher scripts share a rule)")
     p.add_argument("--out", required=True, help="local model directory")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(TeacherJob, args.params)
 
     from hybridlab.atomic import atomic_dir
     from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
 
-    model = load_causal_lm(params["name"])
+    model = load_causal_lm(job.name)
     out = Path(args.out)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
-        load_tokenizer_for(params["name"]).save_pretrained(tmp)
-    print(f"saved {params['name']} to {out}")
+        load_tokenizer_for(job.name).save_pretrained(tmp)
+    print(f"saved {job.name} to {out}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Rows are consecutive stretches of one language's document stream, kept together in blocks of
 `block_rows` rows (a BLD-NL sequence joins that many rows); per-row document starts are written too.
-With params `stream` (hub presets, the English mixture) the web source is streamed instead of the
-corpus, until the largest BLD-NL arm's token budget (params `bld_nl`, counted with this tokenizer's
+With `stream` (hub presets, the English mixture) the web source is streamed instead of the
+corpus, until the largest BLD-NL arm's token budget (`bld_nl`, counted with this tokenizer's
 vocabulary) is packed: data sized to the budget rather than a fixed number of documents
 (`hybridlab.train.jobs.pack_mixture_job`).
 """
@@ -12,22 +12,21 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: english, seq_len, val_fraction, seed, block_rows (default 1); corpus mixtures: languages,
-english_share, total_tokens, heldout ({languages, sentences}: val rows from --parallel); streamed English mixture: stream ({source: fineweb | dclm, path}), bld_nl
-({sizes, run, experiment})"""
 
 
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import MixtureJob
+
+    p = _common.parser(__doc__, MixtureJob)
     p.add_argument("--mono", type=Path, required=True, help="mono.parquet of the corpus")
     p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json (or its directory)")
-    p.add_argument("--parallel", type=Path, help="parallel.parquet of the corpus (params heldout)")
+    p.add_argument("--parallel", type=Path, help="parallel.parquet of the corpus (--params heldout)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
     from hybridlab.train.jobs import pack_mixture_job
 
-    pack_mixture_job(_common.load_params(args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out,
+    pack_mixture_job(_common.load_job(MixtureJob, args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out,
                      parallel=args.parallel)
 
 

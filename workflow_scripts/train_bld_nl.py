@@ -1,19 +1,18 @@
 """Train one BLD natural-language arm: a NoPE Attention-Mixer-Mixer-Mixer hybrid on English text.
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work
-(`--restart` starts over). The run itself is `hybridlab.train.jobs.train_bld_nl` (below: what it
-writes, the --params keys; the model, arms and schedule are `hybridlab.train.bld_nl`).
+(`--restart` starts over). The run itself is `hybridlab.train.jobs.train_bld_nl` (what it writes:
+see its docstring; below: the --params keys; the model, arms and schedule are `hybridlab.train.bld_nl`).
 """
-
-import inspect
 
 import _common
 
 
 def main() -> None:
+    from hybridlab.config_spec import BldNlJob
     from hybridlab.train import jobs
 
-    p = _common.parser(__doc__, inspect.getdoc(jobs.train_bld_nl))
+    p = _common.parser(__doc__, BldNlJob)
     p.add_argument("--mixture", required=True, help="packed English mixture directory")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory")
     p.add_argument("--work", required=True, help="run directory (checkpoints, metrics)")
@@ -21,7 +20,7 @@ def main() -> None:
     p.add_argument("--restart", action="store_true", help="delete previous checkpoints and start over")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
-    jobs.train_bld_nl(_common.load_params(args.params), mixture=args.mixture, tokenizer=args.tokenizer,
+    jobs.train_bld_nl(_common.load_job(BldNlJob, args.params), mixture=args.mixture, tokenizer=args.tokenizer,
                       work=args.work, out=args.out, restart=args.restart, threads=args.threads)
 
 

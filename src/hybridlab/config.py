@@ -48,31 +48,31 @@ def _allowed(schema: dict) -> str:
     return ", ".join(map(str, schema.get("enum", [])))
 
 
-def _format_error(err: jsonschema.ValidationError) -> str:
+def _format_error(err: jsonschema.ValidationError, prefix: str = "config: ") -> str:
     where = _path_str(err.absolute_path)
     v, inst, sch = err.validator, err.instance, err.schema
     if v == "additionalProperties":
         known = sorted(sch.get("properties", {}))
         extra = sorted(set(inst) - set(known))
         key = f"{where}.{extra[0]}" if err.absolute_path else extra[0]
-        return f"config: unknown key '{key}' (allowed here: {', '.join(known)})"
+        return f"{prefix}unknown key '{key}' (allowed here: {', '.join(known)})"
     if v == "required":
         missing = [k for k in sch["required"] if k not in inst]
-        return f"config: missing key '{missing[0]}' in {where} (required: {', '.join(sch['required'])})"
+        return f"{prefix}missing key '{missing[0]}' in {where} (required: {', '.join(sch['required'])})"
     if v == "enum":
-        return f"config: {where} = {inst!r} is not allowed (allowed: {_allowed(sch)})"
+        return f"{prefix}{where} = {inst!r} is not allowed (allowed: {_allowed(sch)})"
     if v == "pattern" and "[a-z]{3}_" in sch["pattern"]:
-        return (f"config: {where} = {inst!r} is not a language code; use ISO 639-3 + '_' + ISO 15924 "
+        return (f"{prefix}{where} = {inst!r} is not a language code; use ISO 639-3 + '_' + ISO 15924 "
                 f"script, e.g. 'tel_Telu'")
     if v == "type":
-        return f"config: {where} must be of type {sch['type']}, got {type(inst).__name__} {inst!r}"
+        return f"{prefix}{where} must be of type {sch['type']}, got {type(inst).__name__} {inst!r}"
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        return f"config: {where} = {inst!r} is out of range ({v} {sch[v]})"
+        return f"{prefix}{where} = {inst!r} is out of range ({v} {sch[v]})"
     if v == "uniqueItems":
-        return f"config: {where} has duplicate entries: {inst!r}"
+        return f"{prefix}{where} has duplicate entries: {inst!r}"
     if v in ("minItems", "maxItems"):
-        return f"config: {where} has {len(inst)} items ({v} {sch[v]})"
-    return f"config: {where}: {err.message}"
+        return f"{prefix}{where} has {len(inst)} items ({v} {sch[v]})"
+    return f"{prefix}{where}: {err.message}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,6 +96,23 @@ def _check_structure(config: dict) -> None:
         if preset.get("experiments"):
             check({**config, "experiments": merged_experiments(config, scale)},
                   f"presets.{scale}.experiments overrides: ")
+
+
+@functools.lru_cache(maxsize=None)
+def _job_validator(cls) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(config_spec.dataclass_json_schema(cls))
+
+
+def job_settings(cls, params: dict, what: str):
+    """A job's typed section (`hybridlab.config_spec.job_sections`) built from its rule's `--params`, after
+    checking them against the section: an unknown or missing key or a wrong value is one line naming it."""
+    if not isinstance(params, dict):
+        raise HybridlabError(f"{what}: --params must be a JSON object")
+    errors = list(_job_validator(cls).iter_errors(params))
+    if errors:
+        err = max(errors, key=lambda e: len(e.absolute_path))
+        raise HybridlabError(_format_error(err, f"{what} --params: ") + f"; see {what} --help")
+    return config_spec.build_section(cls, params)
 
 
 def merged_experiments(config: dict, scale: str) -> dict:

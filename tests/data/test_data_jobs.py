@@ -78,9 +78,12 @@ def test_pack_mixture_job_streams_the_english_web_source_to_the_budget(bpe, tmp_
     pl.DataFrame({"text": _texts(300, seed=3)}).write_ndjson(shard / "shard_00000000_processed.jsonl")
     shape = {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
              "head_dim": 8, "intermediate_size": 32}
-    run = {"context_len": 64, "tokens_per_param": 0.5, "micro_batch_size": 2, "lr": 1e-3, "epochs": 2}
-    exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"]}
-    params = {"english": ENG, "seq_len": 32, "val_fraction": 0.05, "seed": 0,
+    run = {"context_len": 64, "tokens_per_param": 0.5, "micro_batch_size": 2, "lr": 1e-3, "epochs": 2, "eval_every": 4}
+    exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+           "optimizer_after_unfreeze": "adamw", "freeze_scope": "block"}
+    # the rule passes the corpus mixture's keys too (the stream does not read them)
+    params = {"english": ENG, "languages": [], "english_share": 1.0, "total_tokens": 1000, "seq_len": 32,
+              "val_fraction": 0.05, "seed": 0,
               "stream": {"source": "dclm", "path": str(tmp_path / "dclm")},
               "bld_nl": {"sizes": {"xs": shape}, "run": run, "experiment": exp}}
     said = []

@@ -44,7 +44,7 @@ def corpus(tmp_path_factory):
 
 
 def _teacher_params(steps=4):
-    return {"seed": 0, "shape": TEACHER_SHAPE,
+    return {"name": "teacher", "seed": 0, "shape": TEACHER_SHAPE,
             "train": {"steps": steps, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "eval_every": 2,
                       "ckpt_every": 2, "eval_rows_per_language": 2, "epochs": 10}}
 
@@ -133,11 +133,14 @@ def test_pretrain_teacher_publishes_resumes_and_restarts(corpus, tmp_path, capsy
 # ---- distillation -----------------------------------------------------------------------------------------------
 
 
-def _distill_params():
+def _distill_params(stage=2):
+    """One stage's params, as its rule passes them (the other stage's keys would be refused)."""
     run = {"steps": 2, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 1}
-    return {"seed": 0, "stage1": run, "stage2": run, "stage1_inputs": "teacher", "eval_every_tokens": 128,
-            "ckpt_every_tokens": 128, "eval_rows_per_language": 2, "eval_batch_size": 2, "kl_chunk_tokens": 64,
-            "kl_vocab_chunk": None, "gradient_checkpointing": False}
+    common = {"seed": 0, "eval_every_tokens": 128, "ckpt_every_tokens": 128, "eval_rows_per_language": 2,
+              "eval_batch_size": 2, "gradient_checkpointing": False}
+    if stage == 1:
+        return {**common, "stage1": run, "stage1_inputs": "teacher"}
+    return {**common, "stage2": run, "kl_chunk_tokens": 64, "kl_vocab_chunk": None}
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +155,9 @@ def student(teacher, tmp_path_factory):
 
 
 def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, teacher, student, tmp_path):
-    params = _distill_params()
-    s1 = jobs.distill(params, stage=1, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+    s1 = jobs.distill(_distill_params(1), stage=1, teacher=str(teacher), student=student, mixture=corpus["mixture"],
                       work=tmp_path / "w1", out=tmp_path / "stage1")
-    s2 = jobs.distill(params, stage=2, teacher=str(teacher), student=tmp_path / "stage1",
+    s2 = jobs.distill(_distill_params(2), stage=2, teacher=str(teacher), student=tmp_path / "stage1",
                       mixture=corpus["mixture"], work=tmp_path / "w2", out=tmp_path / "stage2")
     for stage, summary in ((1, s1), (2, s2)):
         out = tmp_path / f"stage{stage}"
@@ -254,7 +256,7 @@ def test_train_bld_nl_publishes_the_arm_with_its_tokenizer(corpus, tmp_path):
                         "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32},
               "run": {"context_len": 64, "steps": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_fraction": 0.25,
                       "eval_every": 2, "eval_rows": 2},
-              "experiment": {"pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+              "experiment": {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
                              "freeze_scope": "block", "optimizer_after_unfreeze": "adamw"}}
     out = tmp_path / "arm"
     summary = jobs.train_bld_nl(params, mixture=corpus["mixture"], tokenizer=corpus["tokenizer"],
@@ -290,8 +292,9 @@ def test_bld_nl_arms_of_one_seed_start_from_the_same_weights_and_batches(corpus,
     monkeypatch.setattr(loop, "train", start)
     base = {"shape": {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
                       "head_dim": 8, "intermediate_size": 32},
-            "run": {"context_len": 64, "steps": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_fraction": 0.25},
-            "experiment": {"pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+            "run": {"context_len": 64, "steps": 4, "micro_batch_size": 2, "lr": 3e-3, "warmup_fraction": 0.25,
+                    "eval_every": 4},
+            "experiment": {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
                            "freeze_scope": "block", "optimizer_after_unfreeze": "adamw"}}
     for key in [("baseline", 0), ("bld", 0), ("baseline", 1)]:
         variant, seed = key
@@ -309,9 +312,33 @@ def test_bld_nl_arms_of_one_seed_start_from_the_same_weights_and_batches(corpus,
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_training_scripts_are_thin_and_their_help_lists_the_params_keys(name):
+def test_training_scripts_are_thin_and_their_help_shows_the_sections_keys(name):
     path = ROOT / "workflow_scripts" / f"{name}.py"
     assert len(path.read_text().splitlines()) <= 45
     p = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "params keys:" in p.stdout and "seed" in p.stdout and "--work" in p.stdout
+    assert "--work" in p.stdout
+    # the --params keys are the job section's, as config_spec describes them (no hand-written copy)
+    from hybridlab.config_spec import DISTILL_JOBS, JOBS, describe_job
+
+    for cls in DISTILL_JOBS.values() if name == "distill" else [JOBS[f"{name}.py"]]:
+        assert describe_job(cls) in p.stdout
+
+
+def test_a_job_refuses_params_its_section_does_not_have_in_one_line(tmp_path):
+    """A key of the other stage, a missing key and a wrong value: one line naming the key, before any work."""
+    wrong = {**_distill_params(2), "stage1_inputs": "teacher"}
+    with pytest.raises(HybridlabError, match=r"^distill.py --stage 2 --params: unknown key 'stage1_inputs' "):
+        jobs.distill(wrong, stage=2, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
+    args = ["--stage", "1", "--teacher", "t", "--student", "s", "--mixture", "m", "--work", str(tmp_path / "w"),
+            "--out", str(tmp_path / "o")]
+    bad = {**_distill_params(1), "stage1_inputs": "both"}
+    p = subprocess.run([sys.executable, str(ROOT / "workflow_scripts" / "distill.py"), "--params", json.dumps(bad),
+                        *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("error: distill.py --params: stage1_inputs = 'both' is not allowed (allowed: "
+                               "teacher, student)")
+    missing = {k: v for k, v in _distill_params(1).items() if k != "seed"}
+    with pytest.raises(HybridlabError, match="missing key 'seed'"):
+        jobs.distill(missing, stage=1, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

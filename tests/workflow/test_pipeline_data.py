@@ -59,6 +59,44 @@ def test_dry_run_lists_every_phase(dry_run, scale):
     assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
+def _job_params(text: str) -> list[tuple[str, list[str], dict]]:
+    """(script, argv, --params) of every job in a dry run whose shell command runs a workflow script."""
+    import shlex
+
+    out = []
+    for line in text.splitlines():
+        if "workflow_scripts/" not in line or "--params" not in line:
+            continue
+        argv = shlex.split(line.split(" > ")[0])
+        script = next(Path(a).name for a in argv if a.startswith("workflow_scripts/"))
+        out.append((script, argv, json.loads(argv[argv.index("--params") + 1])))
+    return out
+
+
+@pytest.mark.parametrize("scale", ["smoke", "tiny", "real", "paper", "rehearsal"])
+def test_every_training_job_gets_exactly_its_sections_keys(scale):
+    """Each job with a typed section (hybridlab.config_spec.job_sections) gets from its rule keys that are all
+    fields of that section, and every required field: the section is built and checked from the params as the
+    job builds it, and an extra key would be refused."""
+    import dataclasses
+
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import DISTILL_JOBS, JOBS
+
+    seen = set()
+    for script, argv, params in _job_params(dry_run_all(scale)):
+        cls = DISTILL_JOBS[int(argv[argv.index("--stage") + 1])] if script == "distill.py" else JOBS.get(script)
+        if cls is None:
+            continue
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert set(params) <= fields, f"{scale} {script}: keys {sorted(set(params) - fields)} are not {cls.__name__}'s"
+        job_settings(cls, params, script)
+        seen.add(cls.__name__)
+    expected = {"TeacherJob", "MixtureJob", "DistillStage1Job", "DistillStage2Job"}
+    expected |= {"BldSrJob", "BldNlJob"} if scale in ("smoke", "tiny", "paper", "rehearsal") else set()
+    assert seen == expected
+
+
 def test_real_preset_runs_the_multilinguality_study_on_the_gguf_teacher(dry_run):
     """Two seeds for the periodic placements, one for the other three; no BLD job; the GGUF teacher is
     converted (not fetched, not pre-trained) and its tokenizer read from the converted directory."""

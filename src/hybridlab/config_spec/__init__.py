@@ -22,6 +22,9 @@ with
 
     python -m hybridlab.config_spec > src/hybridlab/schemas/config.schema.json
 
+`job_sections` holds one section per pipeline job: the `--params` object its rule passes (built by
+`hybridlab.config.job_settings`, shown by `describe_job`).
+
 `describe("experiments.distill")` renders one section's settings as text (for a script's `--help`):
 
     python -m hybridlab.config_spec --describe train.distill
@@ -40,13 +43,15 @@ from hybridlab.config_spec.fields import (  # noqa: F401  (re-exported)
 from hybridlab.config_spec.data_sections import (  # noqa: F401  (re-exported)
     BldNlStream, Data, Heldout, LocalSources, Models, Packing, SpacedRetrieval, TeacherShape)
 from hybridlab.config_spec.train_sections import (  # noqa: F401  (re-exported)
-    BldNlSize, BldNlTrain, BldSrModel, BldSrTrain, DistillStage, DistillTrain, Run, Train)
+    BldNlRun, BldNlSize, BldNlTrain, BldSrModel, BldSrTrain, DistillStage, DistillTrain, Run, Train)
 from hybridlab.config_spec.eval_sections import (  # noqa: F401  (re-exported)
     Analysis, Eval, Fertility, HeadsPosition, HubPair, LmEval, Niah, PositionLoss, Recency, RetrievalHeads,
     RetrievalScore, SoftCka)
 from hybridlab.config_spec.tree import (  # noqa: F401  (re-exported)
-    BldNlExperiment, BldSrExperiment, Cluster, Config, DistillExperiment, Experiments, Languages, Offline, Preset,
+    BldNlArms, BldNlExperiment, BldSrExperiment, Cluster, Config, DistillExperiment, Experiments, Languages, Offline, Preset,
     PresetExperiments, Presets)
-from hybridlab.config_spec.schema import _Generator, json_schema, json_schema_text  # noqa: F401  (re-exported)
+from hybridlab.config_spec.schema import _Generator, dataclass_json_schema, json_schema, json_schema_text  # noqa: F401  (re-exported)
 from hybridlab.config_spec.sections import (  # noqa: F401  (re-exported)
-    _child, build, describe, iter_fields, main, section, section_defaults, to_dict, type_label)
+    _child, build, build_section, describe, describe_job, iter_fields, main, section, section_defaults, to_dict, type_label)
+from hybridlab.config_spec.job_sections import (  # noqa: F401  (re-exported)
+    DISTILL_JOBS, JOBS, BldNlJob, BldSrJob, DistillStage1Job, DistillStage2Job, MixtureJob, TeacherJob)

@@ -125,6 +125,13 @@ def json_schema() -> dict:
             **{k: v for k, v in root.items() if k != "description"}, "$defs": gen.defs}
 
 
+def dataclass_json_schema(cls) -> dict:
+    """The JSON Schema of one section dataclass on its own (a job's `--params`, `job_sections`)."""
+    gen = _Generator()
+    root = gen.dataclass_schema(cls)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **root, "$defs": gen.defs}
+
+
 def json_schema_text() -> str:
     """`json_schema()` as the committed file holds it (2-space indent, trailing newline)."""
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"

@@ -75,6 +75,11 @@ def build(path: str, data: dict):
     return _build(section(path), data)
 
 
+def build_section(cls, data: dict):
+    """`build` for a section given by its dataclass (a job's section, `job_sections`)."""
+    return _build(cls, data)
+
+
 def _build(cls, data: dict):
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -190,19 +195,35 @@ def describe(path: str = "") -> str:
     cls = section(path)
     lines = [f"{path or '<top level>'}: {_doc(cls)}"]
     for f in dataclasses.fields(cls):
-        if _is_required(f):
-            status = "required"
-        else:
-            default = f.metadata.get("default", UNSET)
-            status = "optional" if default is UNSET else f"default {json.dumps(default)}"
-        kind = type_label(f.type)
         child, _ = _child(f.type)
-        if child is not None:
-            kind += f" (describe {path + '.' if path else ''}{f.name})"
-        extra = _field_constraints(f)
-        lines.append(f"  {f.name}: {kind}{'; ' + extra if extra else ''}  [{status}]")
-        lines.append(f"      {f.metadata['help']}")
+        hint = f" (describe {path + '.' if path else ''}{f.name})" if child is not None else ""
+        lines += _field_lines(f, hint, "  ")
     return "\n".join(lines)
+
+
+def describe_job(cls) -> str:
+    """A job's `--params` section as text (a workflow script's `--help`): its keys as `describe` shows them,
+    with the keys of each nested section below its own, indented."""
+    lines = [f"--params keys ({cls.__name__}): {_doc(cls)}"]
+    for f in dataclasses.fields(cls):
+        lines += _field_lines(f, "", "  ")
+        child, keyed = _child(f.type)
+        if child is not None:
+            for g in dataclasses.fields(child):
+                lines += _field_lines(g, "", "      " + ("<name>." if keyed else ""))
+    return "\n".join(lines)
+
+
+def _field_lines(f: dataclasses.Field, hint: str, indent: str) -> list[str]:
+    if _is_required(f):
+        status = "required"
+    else:
+        default = f.metadata.get("default", UNSET)
+        status = "optional" if default is UNSET else f"default {json.dumps(default)}"
+    extra = _field_constraints(f)
+    pad = " " * len(indent)
+    return [f"{indent}{f.name}: {type_label(f.type)}{hint}{'; ' + extra if extra else ''}  [{status}]",
+            f"{pad}    {f.metadata['help']}"]
 
 
 def iter_fields(cls=Config, prefix: str = ""):

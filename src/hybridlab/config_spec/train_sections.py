@@ -49,6 +49,8 @@ class DistillStage:
     optimizer: Optimizer = opt("adamw", "optimiser")
     log_every: PosInt = opt(10, "updates between metric rows")
     precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU; fast: bf16 where its matmuls are faster (CUDA, CPUs with AMX), else fp32")
+    fsdp: Literal["auto", "always"] = opt("auto", "FSDP2 sharding: auto (under torchrun with several processes) or "
+                                                  "always (in one process too: the multi-GPU code path on one device)")
 
 
 @dataclass(kw_only=True)
@@ -134,12 +136,10 @@ class BldNlSize:
 
 
 @dataclass(kw_only=True)
-class BldNlTrain:
-    """BLD on natural language: model sizes and run settings of every arm (train_bld_nl.py); exactly one of
-    steps / tokens_per_param (checked when the DAG is built)."""
+class BldNlRun:
+    """The run settings every BLD natural-language arm shares (train_bld_nl.py); exactly one of steps /
+    tokens_per_param (checked when the DAG is built)."""
 
-    sizes: dict[str, BldNlSize] = req("size name -> model shape", minProperties=1,
-                                      propertyNames={"pattern": "^[A-Za-z0-9.]+$"})
     context_len: Annotated[int, Schema(minimum=8)] = req("tokens per training sequence (a multiple of "
                                                          "data.seq_len)")
     tokenizer: str = opt(UNSET, "short name in data.tokenizers (optional with one tokenizer)")
@@ -161,6 +161,15 @@ class BldNlTrain:
         "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
         "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows: PosInt = opt(16, "held-out rows per evaluation")
+
+
+@dataclass(kw_only=True)
+class BldNlTrain(BldNlRun):
+    """BLD on natural language: model sizes and run settings of every arm (train_bld_nl.py); exactly one of
+    steps / tokens_per_param (checked when the DAG is built)."""
+
+    sizes: dict[str, BldNlSize] = req("size name -> model shape", minProperties=1,
+                                      propertyNames={"pattern": "^[A-Za-z0-9.]+$"})
 
 
 @dataclass(kw_only=True)

@@ -72,8 +72,8 @@ class BldSrExperiment:
 
 
 @dataclass(kw_only=True)
-class BldNlExperiment:
-    """BLD on natural language: baseline and BLD arm of each mixer and size."""
+class BldNlArms:
+    """BLD on natural language, what every replicate shares: baseline and BLD arm of each mixer and size."""
 
     mixers: list[Mixer] = req("recurrent mixers (one baseline and one BLD arm each)", minItems=1,
                               uniqueItems=True)
@@ -82,6 +82,12 @@ class BldNlExperiment:
     freeze_fraction: Fraction = req("BLD freezes the recurrent layers for this fraction of the updates")
     optimizer_after_unfreeze: Optimizer = req("optimiser of both arms after the unfreeze update")
     freeze_scope: FreezeScope = req("block: whole recurrent decoder layers; mixer: their token mixers only")
+
+
+@dataclass(kw_only=True)
+class BldNlExperiment(BldNlArms):
+    """BLD on natural language: baseline and BLD arm of each mixer and size."""
+
     seeds: Seeds = opt(UNSET, SEEDS_HELP)
 
 

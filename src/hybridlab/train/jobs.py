@@ -1,7 +1,8 @@
 """The pipeline's training jobs, and the mixture job: one function per job, called by its thin workflow script.
 
-Every job takes the rule's settings (`params`, the JSON object the rule passes as ``--params``) and
-plain paths, and does the whole run:
+Every job takes its typed section (`hybridlab.config_spec.job_sections`: built and checked from the JSON
+object the rule passes as ``--params``; a dict is built and checked here) and plain paths, and does the
+whole run:
 
 - **Work directory.** Checkpoints, the metrics log and any step-0 evaluation live in
   ``<work>/<fingerprint>`` (`hybridlab.train.run.work_dir`): rerunning the same job after a kill resumes
@@ -17,8 +18,7 @@ plain paths, and does the whole run:
 English mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which
 needs the models and the training length (docs/methods.md, "Code layering").
 
-Each job's docstring lists the `params` keys it reads (the workflow scripts show it in ``--help``).
-User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
+A workflow script's ``--help`` shows its section's keys (`hybridlab.config_spec.describe_job`). User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
 script's ``--help`` stays fast.
 """
 
@@ -33,8 +33,19 @@ from pathlib import Path
 from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
 
+from hybridlab.config_spec import (
+    BldNlJob, BldSrJob, DistillStage1Job, DistillStage2Job, MixtureJob, TeacherJob, to_dict)
+
 SUMMARY_FILE = "summary.json"
 INITIAL_EVAL_FILE = "initial_eval.json"
+
+
+def settings(cls, params, what: str):
+    """The job's typed section: `params` itself when it is one, else built and checked from the rule's JSON
+    object (one line naming a wrong key or value)."""
+    from hybridlab.config import job_settings
+
+    return params if isinstance(params, cls) else job_settings(cls, params, what)
 
 
 def is_main() -> bool:
@@ -69,7 +80,7 @@ def final_eval(metrics, what: str, key: str = "kl") -> dict:
     return final
 
 
-def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path,
+def pretrain_teacher(params: TeacherJob | dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path,
                      out: str | Path, restart: bool = False) -> dict | None:
     """Pre-train the dense teacher (Qwen3 architecture) from scratch on the packed multilingual mixture.
 
@@ -77,15 +88,7 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
     directory), ``metrics.parquet`` (loss, lr, held-out CE overall and per language) and ``summary.json``
     (parameters, steps, tokens, final held-out CE ``heldout``, and ``unigram_baseline_ce``, the train
     tokens' unigram entropy the held-out loss is compared against). Returns the summary (None off rank 0).
-
-    params keys:
-      seed             int: initialisation and data order
-      shape            Qwen3Config fields (hidden_size, num_hidden_layers, num_attention_heads,
-                       num_key_value_heads, head_dim, intermediate_size, ...)
-      train            TrainConfig fields (steps, micro_batch_size, lr, warmup_steps, eval_every,
-                       ckpt_every, ...) plus eval_rows_per_language (default 8: held-out rows per
-                       language) and epochs (optional: passes over the mixture's train tokens allowed)
-      document_mask    bool (default false): document-masked training and evaluation
+    The section's `shape` and `train` are required here (the offline presets').
     """
     import numpy as np
     import torch
@@ -99,26 +102,29 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
     from hybridlab.train.run import work_dir
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language, unigram_entropy
 
+    job = settings(TeacherJob, params, "pretrain_teacher.py")
+    if job.shape is None or job.train is None:
+        raise HybridlabError("pretrain_teacher.py: --params shape and train are null; pre-training needs the "
+                             "teacher's shape (models.teacher) and its run (train.teacher)")
     tok = load_tokenizer(tokenizer)
-    run = dict(params["train"])
-    eval_rows = run.pop("eval_rows_per_language", 8)
+    run = to_dict(job.train)
+    eval_rows = run.pop("eval_rows_per_language")
     epochs = run.pop("epochs", None)
-    docs = params.get("document_mask", False)  # data.packing.document_mask
-    train_set = PackedDataset(mixture, "train", documents=docs)
-    val_set = PackedDataset(mixture, "val", documents=docs)
+    train_set = PackedDataset(mixture, "train", documents=job.document_mask)
+    val_set = PackedDataset(mixture, "val", documents=job.document_mask)
     seq_len = train_set.seq_len
 
-    torch.manual_seed(params["seed"])
+    torch.manual_seed(job.seed)
     config = Qwen3Config(vocab_size=len(tok), max_position_embeddings=seq_len, tie_word_embeddings=True,
                          bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.eos_token_id, **params["shape"])
+                         pad_token_id=tok.eos_token_id, **to_dict(job.shape))
     model = Qwen3ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"teacher: {n_params / 1e6:.2f}M parameters, {len(train_set)} train rows of {seq_len} tokens")
 
     # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
-    work = work_dir(work, params, [mixture, tokenizer], restart=restart, is_main=is_main())
-    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "log_every": 10, **run})
+    work = work_dir(work, to_dict(job), [mixture, tokenizer], restart=restart, is_main=is_main())
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": job.seed, "log_every": 10, **run})
     # Before any update: every token id fits the embedding, and the run's tokens fit in the mixture.
     check_train_data(mixture, model, what="teacher", need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
                      epochs=epochs, fix="raise data.mixture_tokens")
@@ -143,7 +149,7 @@ def pretrain_teacher(params: dict, *, mixture: str | Path, tokenizer: str | Path
     return summary
 
 
-def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixture: str | Path,
+def distill(params: DistillStage1Job | DistillStage2Job | dict, *, stage: int, teacher: str, student: str | Path, mixture: str | Path,
             work: str | Path, out: str | Path, restart: bool = False) -> dict | None:
     """Distil a dense teacher into its converted hybrid: stage 1 (attention alignment) or 2 (logit KL).
 
@@ -161,22 +167,6 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     ``distill_stage<n>`` in hybrid.json's extra) plus ``metrics.parquet`` and ``summary.json`` (stage,
     steps, tokens, trainable_parameters, train_seconds, initial, final). On CUDA the teacher is kept in
     bf16 (it only runs forward) and the loop autocasts to bf16. Returns the summary (None off rank 0).
-
-    params keys:
-      seed                     int
-      stage1 / stage2          the stage's TrainConfig fields (steps, micro_batch_size, grad_accum, lr,
-                               ...) plus epochs (optional: passes over the mixture allowed); a stage
-                               reads only its own
-      eval_every_tokens        held-out evaluation interval in tokens (rounded to whole updates)
-      ckpt_every_tokens        checkpoint interval in tokens
-      eval_rows_per_language   held-out rows per language; eval_batch_size: rows per evaluation batch
-      gradient_checkpointing   bool: activation checkpointing of the student
-      stage1_inputs            stage 1: "teacher" or "student", what the mixers see
-      kl_chunk_tokens          stage 2: positions per KL chunk; kl_vocab_chunk: vocabulary columns per chunk
-      teacher_sharding         "replicate" (default) or "shard": the frozen teacher under FSDP
-      keep_last_k              checkpoints kept (default TrainConfig's)
-      final_checkpoint         "full" (default) or "weights": the end's checkpoint without optimiser state
-      document_mask            bool (default false): document-masked training and evaluation
     """
     import polars as pl
     import torch
@@ -193,23 +183,23 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     from hybridlab.train.loop import METRICS_FILE, train
     from hybridlab.train.run import work_dir
 
-    run = dict(params[f"stage{stage}"])
+    job = settings({1: DistillStage1Job, 2: DistillStage2Job}[stage], params, f"distill.py --stage {stage}")
+    run = to_dict(job.stage1 if stage == 1 else job.stage2)
     epochs = run.pop("epochs", None)
-    docs = params.get("document_mask", False)  # data.packing.document_mask
-    train_set = PackedDataset(mixture, "train", documents=docs)
-    val_set = PackedDataset(mixture, "val", documents=docs)
+    train_set = PackedDataset(mixture, "train", documents=job.document_mask)
+    val_set = PackedDataset(mixture, "val", documents=job.document_mask)
     seq_len = train_set.seq_len
-    every = {k: D.eval_interval_steps(params[f"{k}_every_tokens"], run["micro_batch_size"],
-                                      run.get("grad_accum", 1), seq_len) for k in ("eval", "ckpt")}
+    every = {"eval": D.eval_interval_steps(job.eval_every_tokens, run["micro_batch_size"], run["grad_accum"], seq_len),
+             "ckpt": D.eval_interval_steps(job.ckpt_every_tokens, run["micro_batch_size"], run["grad_accum"], seq_len)}
 
     # keyed by settings + input contents (models and mixture): a run of other inputs is never resumed
     # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
     main = is_main()
-    work = work_dir(work, {"stage": stage, **params}, [student, teacher, mixture], restart=restart, is_main=main)
-    keep = {k: params[k] for k in ("keep_last_k", "final_checkpoint") if k in params}
-    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": params["seed"], "seq_len": seq_len, **keep,
+    work = work_dir(work, {"stage": stage, **to_dict(job)}, [student, teacher, mixture], restart=restart, is_main=main)
+    keep = {k: v for k, v in (("keep_last_k", job.keep_last_k), ("final_checkpoint", job.final_checkpoint)) if v}
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": job.seed, "seq_len": seq_len, **keep,
                                  "eval_every": every["eval"], "ckpt_every": every["ckpt"],
-                                 "activation_checkpointing": params["gradient_checkpointing"], **run})
+                                 "activation_checkpointing": job.gradient_checkpointing, **run})
 
     # The loop picks the same device per rank; only rank 0 evaluates the start point and writes outputs.
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -217,7 +207,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     teacher_model = D.freeze(load_causal_lm(teacher, dtype=dtype)).to(device)
     # The frozen teacher: replicated on every rank, or FSDP-sharded (the memory plan's teacher term); a sharded
     # one needs the process group now, and train() reuses it.
-    shard_teacher = params.get("teacher_sharding", "replicate") == "shard"
+    shard_teacher = job.teacher_sharding == "shard"
     ctx = init_distributed(cfg.device) if shard_teacher else None
     frozen_teacher = Frozen(teacher_model, ctx, shard=True) if shard_teacher else teacher_model
     # Sharded, rank 0 reads the student to its CPU and the engine broadcasts it shard by shard; the other ranks
@@ -234,29 +224,27 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     check_mixture_vocab(mixture, teacher_model, f"{what} teacher {teacher}")
     check_train_data(mixture, model, what=what, need_tokens=cfg.total_steps() * cfg.batch_size * seq_len,
                      epochs=epochs, fix="raise data.mixture_tokens")
-    torch.manual_seed(params["seed"])
+    torch.manual_seed(job.seed)
     if stage == 1:
         trainable = D.freeze_all_but_mixers(model)
-        task = D.Stage1Task(frozen_teacher, model, inputs=params["stage1_inputs"])
+        task = D.Stage1Task(frozen_teacher, model, inputs=job.stage1_inputs)
     else:
         for prm in model.parameters():
             prm.requires_grad_(True)
         trainable = [n for n, _ in model.named_parameters()]
-        task = D.Stage2Task(frozen_teacher, chunk_tokens=params["kl_chunk_tokens"],
-                            vocab_chunk=params["kl_vocab_chunk"])
+        task = D.Stage2Task(frozen_teacher, chunk_tokens=job.kl_chunk_tokens, vocab_chunk=job.kl_vocab_chunk)
     names = set(trainable)
     n_train = sum(prm.numel() for n, prm in model.named_parameters() if n in names)
     print(f"stage {stage}: {n_train / 1e6:.3f}M trainable parameters, {cfg.total_steps()} updates of "
           f"{cfg.batch_size} x {seq_len} tokens, eval every {every['eval']} updates")
 
-    eval_ids, eval_langs = D.heldout_rows(val_set, params["eval_rows_per_language"])
+    eval_ids, eval_langs = D.heldout_rows(val_set, job.eval_rows_per_language)
     teacher_memo: dict = {}  # the frozen teacher's hidden states on the held-out rows, computed once
 
     def eval_fn(m, step):
-        out = D.heldout_curve_metrics(m, frozen_teacher, eval_ids, eval_langs, params["eval_batch_size"],
-                                      teacher_memo)
+        out = D.heldout_curve_metrics(m, frozen_teacher, eval_ids, eval_langs, job.eval_batch_size, teacher_memo)
         if stage == 1:
-            out["align"] = task.heldout_alignment(m, eval_ids, params["eval_batch_size"])
+            out["align"] = task.heldout_alignment(m, eval_ids, job.eval_batch_size)
             task.clear()
         return out
 
@@ -298,7 +286,7 @@ def distill(params: dict, *, stage: int, teacher: str, student: str | Path, mixt
     return summary
 
 
-def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str | Path, restart: bool = False,
+def train_bld_sr(params: BldSrJob | dict, *, data: str | Path, work: str | Path, out: str | Path, restart: bool = False,
                  threads: int | None = None) -> dict | None:
     """Train one arm of BLD on Spaced Retrieval (2 KDA + 2 attention layers, loss on the answer digits).
 
@@ -318,19 +306,6 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
       scope, recurrent layers, optimiser-switch step, long-gap fraction, test accuracy per gap, wall time.
 
     Returns the summary (None off rank 0).
-
-    params keys:
-      seed              int
-      arm               the arm (`SRArm.from_dict`): name, windows ([[start, end], ...] fractions of
-                        training with the recurrent blocks frozen), update_windows (the same in updates,
-                        optional), scope ("block" or "mixer"), optimizer_after_unfreeze (optional),
-                        long_gap_fraction (optional)
-      pattern           one entry per layer, "mixer" or "full_attention"; mixer: the recurrent mixer kind
-      train             TrainConfig fields (steps, micro_batch_size, lr, eval_every, ...) plus model (the
-                        SRModelConfig shape, optional mixer_chunk_size) and eval_rows_per_gap (validation
-                        examples per gap at each evaluation; 0 = the whole split)
-      score_fractions   fractions of training at which score checkpoints are saved
-      score_updates     update counts at which score checkpoints are saved as well (optional)
     """
     import polars as pl
     import torch
@@ -343,36 +318,37 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     from hybridlab.train.loop import train
     from hybridlab.train.run import work_dir
 
+    job = settings(BldSrJob, params, "train_bld_sr.py")
     if threads is not None:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
     splits = {s: sr.read_split(Path(data) / f"{s}.parquet") for s in sr.SPLITS}
-    arm = srt.SRArm.from_dict(params["arm"])
-    seed = params["seed"]
+    arm = srt.SRArm.from_dict(to_dict(job.arm))
+    seed = job.seed
     train_records = splits["train"]
     if arm.long_gap_fraction is not None:
         train_records = srt.resample_long_gap(train_records, arm.long_gap_fraction, seed)
     gaps = sorted(set(splits["train"].gaps_N.tolist()))
 
-    shape = dict(params["train"]["model"])
+    shape = to_dict(job.train.model)
     chunk_size = shape.pop("mixer_chunk_size", None)
     max_len = max(sr.sequence_length(splits[s].t, int(splits[s].gaps_N.max())) for s in sr.SPLITS)
-    model_cfg = srt.SRModelConfig(**shape, pattern=tuple(params["pattern"]), mixer=params["mixer"],
+    model_cfg = srt.SRModelConfig(**shape, pattern=tuple(job.pattern), mixer=job.mixer,
                                   max_position_embeddings=max_len,
                                   mixer_overrides={"chunk_size": chunk_size} if chunk_size else {})
     model = srt.build_sr_model(model_cfg, seed)
     n_params = sum(q.numel() for q in model.parameters())
 
-    run = dict(params["train"])
+    run = to_dict(job.train)
     run.pop("model")
     eval_rows = run.pop("eval_rows_per_gap")
     steps = run["steps"]
     plan = plan_bld(model, arm.freeze, steps)
     # keyed by params + the data's contents: other inputs start over instead of resuming (hybridlab.train.run)
-    work = work_dir(work, params, [data], restart=restart, is_main=is_main())
+    work = work_dir(work, to_dict(job), [data], restart=restart, is_main=is_main())
     cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": seed, **run, **plan.train_config_overrides()})
 
-    score_at = srt.score_steps(params["score_fractions"], steps, params.get("score_updates", ()))
+    score_at = srt.score_steps(job.score_fractions, steps, job.score_updates)
     ckpt = srt.ScoreCheckpointer(str(work / "score_checkpoints"), score_at)
     val = srt.take_per_gap(splits["val"], eval_rows) if eval_rows else splits["val"]
 
@@ -420,7 +396,7 @@ def train_bld_sr(params: dict, *, data: str | Path, work: str | Path, out: str |
     return summary
 
 
-def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path, out: str | Path,
+def train_bld_nl(params: BldNlJob | dict, *, mixture: str | Path, tokenizer: str | Path, work: str | Path, out: str | Path,
                  restart: bool = False, threads: int | None = None) -> dict | None:
     """Train one BLD natural-language arm: a NoPE Attention-Mixer-Mixer-Mixer hybrid on English text.
 
@@ -430,20 +406,10 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
     held-out CE) and ``summary.json`` (arm, mixer, size, variant, parameters, steps, tokens, context_len,
     freeze windows, frozen parameter count, the optimiser switch and the optimiser after it, final
     held-out CE ``heldout``). Returns the summary (None off rank 0).
-
-    params keys:
-      seed         int
-      arm          the arm (`NLArm`): name, mixer, size, variant ("baseline" or "bld")
-      shape        the size's model shape (hidden_size, num_hidden_layers, num_attention_heads,
-                   num_key_value_heads, head_dim, intermediate_size; optional mixer_chunk_size)
-      run          context_len, steps or tokens_per_param, micro_batch_size, grad_accum, lr,
-                   warmup_fraction, weight_decay, eval_every, ckpt_every, eval_rows (default 16: held-out
-                   rows per language), epochs (optional)
-      experiment   pattern, freeze_fraction, freeze_scope, optimizer_after_unfreeze
-      document_mask  bool (default false): document-masked training and evaluation
     """
     import torch
 
+    job = settings(BldNlJob, params, "train_bld_nl.py")
     if threads is not None:
         torch.set_num_threads(threads)
 
@@ -459,17 +425,17 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
     from hybridlab.train.run import work_dir
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language
 
-    arm = NLArm(**params["arm"])
-    run, exp, seed = params["run"], params["experiment"], params["seed"]
+    arm = NLArm(**to_dict(job.arm))
+    run, exp, seed = to_dict(job.run), to_dict(job.experiment), job.seed
     tok = load_tokenizer(tokenizer)
-    docs = params.get("document_mask", False)  # data.packing.document_mask
+    docs = job.document_mask
     train_rows = PackedDataset(mixture, "train", documents=docs)
     k = bld_nl.rows_per_sequence(run["context_len"], train_rows.seq_len)
     check_row_blocks(train_rows, k, f"bld_nl {arm.name}")
     train_set = bld_nl.JoinedRows(train_rows, k)
     val_set = bld_nl.JoinedRows(PackedDataset(mixture, "val", documents=docs), k)
 
-    model = bld_nl.build_nope_hybrid(params["shape"], pattern=exp["pattern"], mixer=arm.mixer,
+    model = bld_nl.build_nope_hybrid(to_dict(job.shape), pattern=exp["pattern"], mixer=arm.mixer,
                                      vocab_size=len(tok), context_len=run["context_len"],
                                      eos_id=tok.eos_token_id, seed=seed)
     model.hybridlab_spec.extra.update({"arm": arm.name, "variant": arm.variant, "size": arm.size})
@@ -478,7 +444,7 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
     plan = bld_nl.plan_arm(model, arm, steps, freeze_fraction=exp["freeze_fraction"], scope=exp["freeze_scope"],
                            optimizer_after_unfreeze=exp["optimizer_after_unfreeze"])
     # keyed by params + input contents: a rebuilt mixture starts over instead of resuming (hybridlab.train.run)
-    work = work_dir(work, params, [mixture, tokenizer], restart=restart, is_main=is_main())
+    work = work_dir(work, to_dict(job), [mixture, tokenizer], restart=restart, is_main=is_main())
     cfg = TrainConfig.from_dict(bld_nl.train_config_dict(run, out_dir=str(work), seed=seed, steps=steps, plan=plan))
     # Before any update: token ids fit the embedding, and the arm's tokens fit in the English mixture.
     why = f"{run['tokens_per_param']:g} tokens/param" if "tokens_per_param" in run else f"{steps} updates"
@@ -490,7 +456,7 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
           f"frozen {frozen}; adamw -> {plan.optimizer_after_switch} at update {plan.optimizer_switch_step}")
 
     groups = {k: v for k, v in grad_norm_groups(model).items() if "/" not in k}  # per kind, not per layer
-    eval_rows = run.get("eval_rows", 16)
+    eval_rows = job.run.eval_rows
 
     def eval_fn(model, step):
         return heldout_ce_by_language(model, val_set, max_rows_per_language=eval_rows,
@@ -517,19 +483,17 @@ def train_bld_nl(params: dict, *, mixture: str | Path, tokenizer: str | Path, wo
 
 # --- the mixture rule's job (sized by the BLD-NL budget, so in the train layer) ---------------------------------
 
-def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
+def pack_mixture_job(params: MixtureJob | dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
                      log=print, parallel: str | Path | None = None) -> dict:
     """Tokenise and pack one training mixture into `out` (the mixture rule); returns its stats.
 
-    Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture` with `params`
-    english, languages (English is always in; languages the corpus has no text for are reported through
-    `log` and left out; none left: English only), english_share, seq_len, total_tokens, val_fraction,
-    seed, optional block_rows (default 1) and heldout ({languages, sentences}: the val rows are those
-    sentences of the `parallel` corpus, `packing.with_parallel_heldout`). With params `stream` ({source: fineweb | dclm, optional path: a
-    local copy in the hub's layout}, hub presets, the English mixture) the web source is streamed instead
-    (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed: params `bld_nl`
-    ({sizes, run, experiment}, counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's
-    vocabulary, divided by run.epochs). The hub token comes from HF_TOKEN.
+    Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture`. English is always in;
+    languages the corpus has no text for are reported through `log` and left out (none left: English
+    only). With `heldout` the val rows are those sentences of the `parallel` corpus
+    (`packing.with_parallel_heldout`). With `stream` (hub presets, the English mixture) the web source is
+    streamed instead (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed (`bld_nl`,
+    counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's vocabulary, divided by
+    run.epochs). The hub token comes from HF_TOKEN.
     """
     import polars as pl
 
@@ -537,55 +501,56 @@ def pack_mixture_job(params: dict, *, mono: str | Path | None, tokenizer: str | 
     from hybridlab.data.packing import pack_mixture
     from hybridlab.data.tokenizer import load_tokenizer
 
-    if params.get("stream"):
-        return _pack_english_stream(params, load_tokenizer(str(tokenizer)), out, log)
-    english = params["english"]
+    job = settings(MixtureJob, params, "pack_mixture.py")
+    if job.stream:
+        return _pack_english_stream(job, load_tokenizer(str(tokenizer)), out, log)
+    english = job.english
     # read lazily: pack_mixture loads one language's documents at a time and spills its rows to `out`
     corpus = pl.scan_parquet(mono)
     available = set(corpus.select("lang").unique().collect()["lang"].to_list())
-    wanted = [lang for lang in params["languages"] if lang != english]
+    wanted = [lang for lang in job.languages if lang != english]
     missing = [lang for lang in wanted if lang not in available]
     if missing:  # reported, not silently dropped
         log(f"warning: no monolingual text for {missing}; the mixture uses the other languages "
             f"(see the corpus manifest)")
     languages = [lang for lang in wanted if lang in available]
     tok = load_tokenizer(str(tokenizer))
-    heldout = params.get("heldout")
-    mixture = pack_mixture(corpus, tok, languages=languages,
-                           english_share=params["english_share"] if languages else 1.0,
-                           seq_len=params["seq_len"], total_tokens=params["total_tokens"],
-                           val_fraction=0.0 if heldout else params["val_fraction"], seed=params["seed"],
-                           block_rows=params.get("block_rows", 1), spill_dir=out)
+    heldout = job.heldout
+    mixture = pack_mixture(corpus, tok, languages=languages, english_share=job.english_share if languages else 1.0,
+                           seq_len=job.seq_len, total_tokens=job.total_tokens,
+                           val_fraction=0.0 if heldout else job.val_fraction, seed=job.seed,
+                           block_rows=job.block_rows, spill_dir=out)
     if heldout:  # held-out rows from the parallel corpus (never trained on) instead of mixture documents
         from hybridlab.data.packing import with_parallel_heldout
 
         if parallel is None:
             raise HybridlabError("pack_mixture: params.heldout needs the parallel corpus; pass --parallel")
-        langs = [english] + [x for x in heldout["languages"] if x != english]
+        langs = [english] + [x for x in heldout.languages if x != english]
         mixture = with_parallel_heldout(mixture, pl.read_parquet(parallel), tok, languages=langs,
-                                        n_sentences=heldout["sentences"])
+                                        n_sentences=heldout.sentences)
     write_packed(out, mixture)
     log(json.dumps(mixture.stats, indent=1)[:4000])
     return mixture.stats
 
 
-def _pack_english_stream(params: dict, tok, out, log) -> dict:
+def _pack_english_stream(job: MixtureJob, tok, out, log) -> dict:
     """BLD-NL's English mixture at hub presets: stream the web source until the largest arm's budget is packed."""
     from hybridlab.data import hub
     from hybridlab.data.streamed_packing import pack_stream_to_disk
     from hybridlab.train.bld_nl import bld_nl_need_tokens
 
-    stream, bld = params["stream"], params["bld_nl"]
+    stream, bld = job.stream, to_dict(job.bld_nl)
+    if not bld:
+        raise HybridlabError("pack_mixture.py --params: stream needs bld_nl (the budget the streamed tokens are sized by)")
     need = bld_nl_need_tokens(bld["sizes"], bld["run"], bld["experiment"], vocab_size=len(tok))
     epochs = bld["run"].get("epochs") or 1
     train_tokens = -(-max(need.values()) // epochs)
     log(f"BLD-NL budgets (tokens): {need}; packing {train_tokens} train tokens ({epochs} epoch(s) of the largest)")
-    config = {"dclm": None, "fineweb": hub.FINEWEB_CONFIG}[stream["source"]]
+    config = {"dclm": None, "fineweb": hub.FINEWEB_CONFIG}[stream.source]
     # `path`: a local copy in the hub's layout (config local_sources), else the HF cache or the hub
-    rows = hub.iter_rows(stream["source"], config, "train", local=stream.get("path"), token=os.environ.get("HF_TOKEN"))
-    stats = pack_stream_to_disk((r.get("text") for r in rows), tok, out, lang=params["english"],
-                                seq_len=params["seq_len"], train_tokens=train_tokens,
-                                val_fraction=params["val_fraction"], seed=params["seed"],
-                                block_rows=params.get("block_rows", 1))
+    rows = hub.iter_rows(stream.source, config, "train", local=stream.path, token=os.environ.get("HF_TOKEN"))
+    stats = pack_stream_to_disk((r.get("text") for r in rows), tok, out, lang=job.english, seq_len=job.seq_len,
+                                train_tokens=train_tokens, val_fraction=job.val_fraction, seed=job.seed,
+                                block_rows=job.block_rows)
     log(json.dumps(stats, indent=1)[:4000])
     return stats
