@@ -2,8 +2,9 @@
 FineWeb/DCLM.
 
 Writes the same files as the offline builder: parallel.parquet, mono.parquet, manifest.json
-(`hybridlab.data.hub.build_hub_corpus`), the monolingual text streamed one language at a time. Param `local_sources` ({flores_plus, flores200, fineweb2, fineweb,
-dclm}: directory or null, from the config key of the same name) points at local copies in each hub's own
+(`hybridlab.data.hub.build_hub_corpus`), the monolingual text streamed one language at a time. `local_sources`
+({flores_plus, flores200, fineweb2, fineweb, dclm, ntrex128}: directory or null, from the config key of the same
+name) points at local copies in each hub's own
 layout (see `hybridlab.data.local_sources`); null reads the hub, or its snapshot in the HF cache when
 HF_HUB_OFFLINE=1. `flores200` set: the parallel text is the FLORES-200 text release. HF_TOKEN: the hub token.
 """
@@ -13,19 +14,17 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: english, parallel_languages, mono_languages, fineweb2_docs_per_language, english_web_docs,
-flores_split (default devtest), english_web (fineweb | dclm, default fineweb), local_sources"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import HubCorpusJob
+
+    p = _common.parser(__doc__, HubCorpusJob)
     p.add_argument("--cache", help="unused by the hub source (datasets keeps its own cache)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
     from hybridlab.data.hub import build_hub_corpus
 
-    manifest = build_hub_corpus(_common.load_params(args.params), args.out, token=os.environ.get("HF_TOKEN"))
+    manifest = build_hub_corpus(_common.load_job(HubCorpusJob, args.params), args.out, token=os.environ.get("HF_TOKEN"))
     print(f"parallel: {sum(n for _, n in manifest['parallel'])} rows; "
           f"mono: {sum(n for _, n in manifest['mono_docs'])} docs")
 

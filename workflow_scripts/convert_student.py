@@ -2,7 +2,7 @@
 
 The student inherits q/k/v/o from the teacher's attention (GQA k/v heads repeated); new mixer
 parameters are initialised as fla does, seeded; the loaded teacher is converted in place (one model in
-memory); params `conv_init` ("random", the default, or
+memory); `conv_init` ("random", the default, or
 "identity") chooses the q/k/v short convolutions' kernel (hybridlab.models.convert). Written with
 `save_hybrid` (config.json of the base model + model.safetensors + hybrid.json), loadable with
 `hybridlab.models.io.load_hybrid`.
@@ -12,11 +12,13 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import ConvertJob
+
+    p = _common.parser(__doc__, ConvertJob)
     p.add_argument("--teacher", required=True, help="teacher model directory (from_pretrained layout)")
     p.add_argument("--out", required=True, help="student directory")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(ConvertJob, args.params)
 
     from hybridlab.models.convert import convert_to_hybrid
     from hybridlab.models.io import save_hybrid
@@ -25,19 +27,17 @@ def main() -> None:
 
     teacher = load_causal_lm(args.teacher)
     n_layers = teacher.config.get_text_config(decoder=True).num_hidden_layers
-    fa = fa_layers(params["placement"], n_layers, ratio=params["fa_ratio"])
+    fa = fa_layers(job.placement, n_layers, ratio=job.fa_ratio)
     n_teacher = sum(p.numel() for p in teacher.parameters())
     # in place: the loaded teacher becomes the student (no second full copy in host memory)
-    student = convert_to_hybrid(teacher, fa, params["mixer"], seed=params["seed"],
-                                conv_init=params.get("conv_init", "random"), inplace=True)
+    student = convert_to_hybrid(teacher, fa, job.mixer, seed=job.seed, conv_init=job.conv_init, inplace=True)
     del teacher
-    student.hybridlab_spec.extra = {"placement": params["placement"], "fa_ratio": params["fa_ratio"],
-                                    "teacher": args.teacher}
+    student.hybridlab_spec.extra = {"placement": job.placement, "fa_ratio": job.fa_ratio, "teacher": args.teacher}
     save_hybrid(student, args.out)
-    types = ["full_attention" if i in fa else params["mixer"] for i in range(n_layers)]
+    types = ["full_attention" if i in fa else job.mixer for i in range(n_layers)]
     n_new = sum(p.numel() for p in student.parameters()) - n_teacher
-    print(f"{params['placement']} ({params['mixer']}): FA layers {fa}  {placement_diagram(types)}  "
-          f"{n_new:+d} parameters vs teacher, conv_init {params.get('conv_init', 'random')}")
+    print(f"{job.placement} ({job.mixer}): FA layers {fa}  {placement_diagram(types)}  "
+          f"{n_new:+d} parameters vs teacher, conv_init {job.conv_init}")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import FertilityJob, to_dict
+
+    p = _common.parser(__doc__, FertilityJob)
     p.add_argument("--parallel", required=True, help="parallel corpus parquet (sid, lang, text, source)")
     p.add_argument("--tokenizer", required=True, help="the data phase's tokenizer directory")
     p.add_argument("--out", required=True, help="output table (.parquet)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(FertilityJob, args.params)
 
     import polars as pl
 
@@ -29,15 +31,15 @@ def main() -> None:
     from hybridlab.models.registry import load_tokenizer_for
 
     names = {"project": args.tokenizer}
-    for m in pairs.analysis_models(**params["models"]):
+    for m in pairs.analysis_models(**to_dict(job.models)):
         if m.hub:  # DAG models read the project tokenizer; hub models their own, named by hub id
             names.setdefault(m.name, m.tokenizer)
-    for hub_id in params["fertility"]["hub_tokenizers"]:
+    for hub_id in job.fertility.hub_tokenizers:
         names.setdefault(hub_id, hub_id)
     tokenizers = {name: load_tokenizer_for(path) for name, path in names.items()}
     tokenizers["utf8_bytes"] = lambda text: text.encode("utf-8")
     print(f"fertility: tokenizers {sorted(tokenizers)}")
-    table = fertility(pl.read_parquet(args.parallel), tokenizers, english=params["english"])
+    table = fertility(pl.read_parquet(args.parallel), tokenizers, english=job.english)
     pairs.write_table(table, args.out)
     print(table.select("tokenizer", "lang", "tokens_per_sentence", "relative_to_english"))
 

@@ -14,7 +14,9 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import LmBenchmarksJob, to_dict
+
+    p = _common.parser(__doc__, LmBenchmarksJob)
     p.add_argument("--models", nargs="+", required=True, help="model directories")
     p.add_argument("--tokenizer", nargs="+", required=True,
                    help="each model's tokenizer directory or hub id, in --models order (or one for all); RULER "
@@ -23,7 +25,7 @@ def main() -> None:
     p.add_argument("--work", help="resume directory: each model's finished lm-eval calls are kept under it (a "
                                   "rerun evaluates only the rest)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(LmBenchmarksJob, args.params)
 
     import polars as pl
 
@@ -34,11 +36,10 @@ def main() -> None:
     from hybridlab.models.registry import load_causal_lm
 
     require_lm_eval()  # fail before loading any model
-    c = params["lm_eval"]
-    cfg = LMEvalConfig(tasks=c["tasks"], ruler_lengths=c["ruler_lengths"],
-                       ruler_tasks=c.get("ruler_tasks", RULER_TASKS), ruler_exclude=c.get("ruler_exclude", ()),
-                       num_fewshot=c.get("num_fewshot"), batch_size=c["batch_size"], limit=c.get("limit"),
-                       max_length=c.get("max_length"), seed=params["seed"], ruler_samples=c.get("ruler_samples"))
+    c = job.lm_eval
+    cfg = LMEvalConfig(tasks=c.tasks, ruler_lengths=c.ruler_lengths, ruler_tasks=c.ruler_tasks or RULER_TASKS,
+                       ruler_exclude=c.ruler_exclude, num_fewshot=c.num_fewshot, batch_size=c.batch_size,
+                       limit=c.limit, max_length=c.max_length, seed=job.seed, ruler_samples=c.ruler_samples or None)
     if len(args.tokenizer) not in (1, len(args.models)):
         raise HybridlabError(f"--tokenizer: {len(args.tokenizer)} tokenizers for {len(args.models)} models; give one "
                              "per model (same order) or one for all")
@@ -55,8 +56,8 @@ def main() -> None:
 
             weights = [f for f in (Path(model_dir) / "model.safetensors",) if f.exists()]
             work = work_dir(Path(args.work) / name.replace("/", "--"),
-                            {"params": params, "model": name, "tokenizer": tok_path}, weights)
-        model = load_causal_lm(model_dir, dtype=c.get("dtype", "bfloat16"), device_map=c.get("device", "cuda"))
+                            {"params": to_dict(job), "model": name, "tokenizer": tok_path}, weights)
+        model = load_causal_lm(model_dir, dtype=c.dtype, device_map=c.device)
         tables.append(run_lm_eval(model, tok, cfg, tokenizer_name=tok_path, model_name=name, work=work))
         del model
     with atomic_file(args.out) as tmp:

@@ -18,15 +18,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: models (hybridlab.eval.pairs.analysis_models: distilled, hub_pairs), dtype, seed,
-niah: languages, tasks, context_tokens, examples_per_cell, answer_slack_tokens, prompts (project | oneruler,
-  default project), oneruler_dir (with prompts: oneruler), chat_template (default false), yarn_factor (optional),
-  native_window (optional {model name: tokens}: YaRN only in cells longer than the model's window),
-  memory_cap_gib (optional: CUDA memory cap in GiB)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import NiahJob
+
+    p = _common.parser(__doc__, NiahJob)
     p.add_argument("--mono", type=Path, required=True, help="monolingual corpus parquet (doc_id, lang, text, source)")
     p.add_argument("--model", help="one analysis model (its name): write its per-example table to --examples "
                                    "only (the rule's per-model jobs; gather_eval.py niah builds both tables)")
@@ -42,7 +37,7 @@ def main() -> None:
     from hybridlab.eval.niah import niah_model_examples, niah_tables
     from hybridlab.eval.pairs import write_table
 
-    mono, params = pl.read_parquet(args.mono), _common.load_params(args.params)
+    mono, params = pl.read_parquet(args.mono), _common.load_job(NiahJob, args.params)
     if args.model:
         write_table(niah_model_examples(mono, params, args.model, work=args.work), args.examples)
         return

@@ -14,12 +14,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: teachers ({name: model directory}), students ([{teacher, placement, mixer, dir, seed}]),
-rows_per_language, batch_size, baseline_placement, mixtures (optional {teacher: mixture directory})"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import PerplexityJob
+
+    p = _common.parser(__doc__, PerplexityJob)
     p.add_argument("--mixture", type=Path, required=True,
                    help="packed multilingual mixture directory (params.mixtures overrides it per teacher)")
     p.add_argument("--out", type=Path, required=True, help="perplexity table (parquet)")
@@ -29,7 +27,7 @@ def main() -> None:
 
     from hybridlab.eval.perplexity import perplexity_tables
 
-    ppl, tokens, rows = perplexity_tables(str(args.mixture), _common.load_params(args.params))
+    ppl, tokens, rows = perplexity_tables(str(args.mixture), _common.load_job(PerplexityJob, args.params))
     for frame, path in ((ppl, args.out), (tokens, args.tokens_out), (rows, args.rows_out)):
         if path is not None:
             _common.write_parquet(frame, path)

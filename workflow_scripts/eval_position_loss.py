@@ -16,15 +16,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: seed, dtype (default float32), device (default cpu), position_loss: documents
-(kjv_books | pg19 | mixture_val), n_docs, doc_len, evaluator (an arm's directory name, or the name of the
---evaluator-model), short_window,
-short_stride, threshold, min_long_logprob (optional), scheme (log2 | fixed), width (fixed), batch_size,
-pg19_split (default test)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import PositionLossJob
+
+    p = _common.parser(__doc__, PositionLossJob)
     p.add_argument("--models", type=Path, nargs="+", required=True, help="arm directories (save_hybrid layout)")
     p.add_argument("--mixture", type=Path, required=True, help="packed English mixture directory (mixture_val)")
     p.add_argument("--tokenizer", type=Path, required=True, help="BLD-NL tokenizer directory (kjv_books, pg19)")
@@ -35,7 +30,7 @@ def main() -> None:
     p.add_argument("--summary", type=Path, required=True, help="per-model table (parquet)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    params = _common.load_job(PositionLossJob, args.params)
     _common.set_threads(args.threads)
 
     from hybridlab.eval.position_loss import position_loss_tables

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: models (hybridlab.eval.pairs.analysis_models: distilled, hub_pairs), dtype, seed,
-recency: languages, n_sequences, input_tokens, windows, batch_size"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import RecencyJob
+
+    p = _common.parser(__doc__, RecencyJob)
     p.add_argument("--mono", type=Path, required=True, help="monolingual corpus parquet (doc_id, lang, text, source)")
     p.add_argument("--out", type=Path, required=True, help="output table (.parquet)")
     args = p.parse_args()
@@ -27,7 +25,7 @@ def main() -> None:
     from hybridlab.eval.pairs import write_table
     from hybridlab.eval.recency import recency_table
 
-    write_table(recency_table(pl.read_parquet(args.mono), _common.load_params(args.params)), args.out)
+    write_table(recency_table(pl.read_parquet(args.mono), _common.load_job(RecencyJob, args.params)), args.out)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: seed, dtype (default float32), device (default cpu), retrieval_heads: sink, recent, steps,
-micro_batch_size, lr, l1, context_len, n_digits, n_train, n_test"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import RetrievalHeadsJob
+
+    p = _common.parser(__doc__, RetrievalHeadsJob)
     p.add_argument("--models", type=Path, nargs="+", required=True, help="arm directories (save_hybrid layout)")
     p.add_argument("--mixture", type=Path, required=True, help="packed English mixture directory")
     p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory")
@@ -25,7 +23,7 @@ def main() -> None:
     p.add_argument("--curve", type=Path, required=True, help="masking-curve table (parquet)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    params = _common.load_job(RetrievalHeadsJob, args.params)
     _common.set_threads(args.threads)
 
     from hybridlab.eval.retrieval_heads import retrieval_heads_tables

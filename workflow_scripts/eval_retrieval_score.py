@@ -10,18 +10,16 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: seed, max_examples_per_gap, batch_size, min_denominator,
-positions (answer_predicting, the study's definition and the default | all_answer)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import RetrievalScoreJob
+
+    p = _common.parser(__doc__, RetrievalScoreJob)
     p.add_argument("--arms", type=Path, required=True, nargs="+", help="arm output directories of the bld_sr rule")
     p.add_argument("--test", type=Path, required=True, help="spaced_retrieval test split (parquet)")
     p.add_argument("--out", type=Path, required=True, help="output parquet")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    params = _common.load_job(RetrievalScoreJob, args.params)
     _common.set_threads(args.threads)
 
     from hybridlab.eval.retrieval_score import retrieval_score_table

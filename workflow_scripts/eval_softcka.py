@@ -10,13 +10,10 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: models (hybridlab.eval.pairs.analysis_models: distilled, hub_pairs), dtype, seed, english,
-softcka: n_sentences, kinds (hidden | attn_delta), method (exact | rff), block_tokens, rff_features, batch_size,
-  layers_per_pass (0 = all in one pass), languages (optional), sigma_convention, alignment, n_boot (default 0)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import SoftckaJob
+
+    p = _common.parser(__doc__, SoftckaJob)
     p.add_argument("--parallel", type=Path, required=True, help="parallel corpus parquet (sid, lang, text, source)")
     p.add_argument("--model", help="one analysis model (its name): its rows only (the rule's per-model jobs; "
                                    "gather_eval.py softcka joins them)")
@@ -28,7 +25,7 @@ def main() -> None:
     from hybridlab.eval.pairs import write_table
     from hybridlab.eval.softcka import softcka_table
 
-    write_table(softcka_table(pl.read_parquet(args.parallel), _common.load_params(args.params), only=args.model),
+    write_table(softcka_table(pl.read_parquet(args.parallel), _common.load_job(SoftckaJob, args.params), only=args.model),
                 args.out)
 
 

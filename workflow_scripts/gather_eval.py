@@ -10,17 +10,16 @@ model wrote.
 
 import _common
 
-PARAMS = """--params keys: models (the model names, in the order of --inputs; recorded with the outputs); softcka:
-pairs (the pairs whose rows the table keeps)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import GatherJob
+
+    p = _common.parser(__doc__, GatherJob)
     p.add_argument("kind", choices=["softcka", "niah", "lm_benchmarks"])
     p.add_argument("--inputs", nargs="+", required=True, help="per-model tables (.parquet)")
     p.add_argument("--out", required=True, help="the gathered table (niah: the summary)")
     p.add_argument("--examples", help="niah: the per-example table of every model")
     args = p.parse_args()
+    job = _common.load_job(GatherJob, args.params)
 
     from hybridlab.errors import HybridlabError
     from hybridlab.eval.pairs import write_table
@@ -28,7 +27,7 @@ def main() -> None:
     if args.kind == "softcka":
         from hybridlab.eval.softcka import gather_softcka
 
-        write_table(gather_softcka(args.inputs, pairs=_common.load_params(args.params).get("pairs")), args.out)
+        write_table(gather_softcka(args.inputs, pairs=job.pairs or None), args.out)
         return
     if args.kind == "lm_benchmarks":
         from hybridlab.eval.lm_eval import gather_tables

@@ -13,12 +13,10 @@ registered in `hybridlab.plots.registry` (`read_tables`, `render_outputs`); savi
 
 import _common
 
-PARAMS = """--params keys: baseline_placement (optional; the tables that compare with a baseline placement);
-other keys (the rule's config hash and preset) only make the output depend on the configuration"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import FigureJob
+
+    p = _common.parser(__doc__, FigureJob)
     p.add_argument("--fig", required=True, help="figure or table name (hybridlab.plots.registry FIGURES / TABLES)")
     p.add_argument("--tables", nargs="+", required=True, help="NAME=PATH or NAME/RUN=PATH parquet inputs")
     p.add_argument("--out-png", help="figure PNG")
@@ -26,7 +24,7 @@ def main() -> None:
     p.add_argument("--out-csv", help="table CSV")
     p.add_argument("--out-md", help="table Markdown")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    params = _common.load_job(FigureJob, args.params)
 
     from hybridlab.plots import registry
 

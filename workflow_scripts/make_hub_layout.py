@@ -3,7 +3,6 @@
 Reads the corpus step's parallel.parquet and mono.parquet (the offline corpus) and writes, under
 --out, the directories `hybridlab.data.hub_layout` describes; point a preset's `local_sources` at them
 (`<out>/flores_plus`, `<out>/fineweb-2`, ...) to run the hub loaders without the hub.
-Params: `split` (FLoRes split to write, default devtest), `shards` (files per config, default 2).
 """
 
 import json
@@ -13,12 +12,14 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import HubLayoutJob
+
+    p = _common.parser(__doc__, HubLayoutJob)
     p.add_argument("--parallel", required=True, help="parallel.parquet (sid, lang, text, source)")
     p.add_argument("--mono", required=True, help="mono.parquet (doc_id, lang, text, source)")
     p.add_argument("--out", required=True, help="output directory (replaced)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(HubLayoutJob, args.params)
 
     import polars as pl
 
@@ -28,7 +29,7 @@ def main() -> None:
     out = Path(args.out)
     with atomic_dir(out) as tmp:
         dirs = write_hub_layout(pl.read_parquet(args.parallel), pl.read_parquet(args.mono), tmp,
-                                split=params.get("split", "devtest"), shards=params.get("shards", 2))
+                                split=job.split, shards=job.shards)
     print(json.dumps({k: str(out / v.name) for k, v in dirs.items()}, sort_keys=True))
 
 

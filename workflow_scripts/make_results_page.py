@@ -5,17 +5,16 @@ from pathlib import Path
 
 import _common
 
-PARAMS = """--params keys: preset (the scale), header (Markdown placed under the title: model, data, regime)"""
-
-
 def main() -> None:
-    p = _common.parser(__doc__, PARAMS)
+    from hybridlab.config_spec import ResultsPageJob
+
+    p = _common.parser(__doc__, ResultsPageJob)
     p.add_argument("--findings", required=True, help="table_findings.csv")
     p.add_argument("--gaps", required=True, help="table_kl_gaps.csv")
     p.add_argument("--benchmarks", nargs="*", default=[], help="Snakemake benchmark directories (job times)")
     p.add_argument("--out", required=True, help="the page (results.md)")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(ResultsPageJob, args.params)
 
     import polars as pl
 
@@ -24,7 +23,7 @@ def main() -> None:
 
     files = sorted(f for d in args.benchmarks for f in Path(d).rglob("*.tsv"))
     page = results_markdown(pl.read_csv(args.findings), pl.read_csv(args.gaps), job_times(files),
-                            scale=params["preset"], header=params.get("header", ""))
+                            scale=job.preset, header=job.header)
     write_text(args.out, page)
     print(f"results page -> {args.out}")
 

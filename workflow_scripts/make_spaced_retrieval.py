@@ -6,16 +6,17 @@ import _common
 
 
 def main() -> None:
-    p = _common.parser(__doc__)
+    from hybridlab.config_spec import SpacedRetrievalJob
+
+    p = _common.parser(__doc__, SpacedRetrievalJob)
     p.add_argument("--out", required=True, help="output directory")
     args = p.parse_args()
-    params = _common.load_params(args.params)
+    job = _common.load_job(SpacedRetrievalJob, args.params)
 
     from hybridlab.data import spaced_retrieval as sr
 
-    cfg = sr.SpacedRetrievalConfig(t=params["t"], gaps=tuple(params["gaps"]), gap_weights=tuple(params["gap_weights"]),
-                                   n_train=params["n_train"], n_val=params["n_val"], n_test=params["n_test"],
-                                   seed=params["seed"])
+    cfg = sr.SpacedRetrievalConfig(t=job.t, gaps=tuple(job.gaps), gap_weights=tuple(job.gap_weights),
+                                   n_train=job.n_train, n_val=job.n_val, n_test=job.n_test, seed=job.seed)
     out = Path(args.out)
     splits = {s: sr.generate_split(cfg, s) for s in sr.SPLITS}
     for split, records in splits.items():

@@ -105,7 +105,10 @@ def _job_validator(cls) -> jsonschema.Draft202012Validator:
 
 def job_settings(cls, params: dict, what: str):
     """A job's typed section (`hybridlab.config_spec.job_sections`) built from its rule's `--params`, after
-    checking them against the section: an unknown or missing key or a wrong value is one line naming it."""
+    checking them against the section: an unknown or missing key or a wrong value is one line naming it.
+    A section already built is returned as it is."""
+    if isinstance(params, cls):
+        return params
     if not isinstance(params, dict):
         raise HybridlabError(f"{what}: --params must be a JSON object")
     errors = list(_job_validator(cls).iter_errors(params))

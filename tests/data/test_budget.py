@@ -125,8 +125,9 @@ def test_english_mixture_streams_until_the_bld_nl_budget(tmp_path):
     tok = train_bpe(texts, vocab_size=300, min_frequency=2, out_path=tmp_path / "tok")
     shape = {"hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
              "head_dim": 8, "intermediate_size": 32}
-    run = {"context_len": 64, "tokens_per_param": 1, "micro_batch_size": 2, "lr": 1e-3}
-    exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"]}
+    run = {"context_len": 64, "tokens_per_param": 1, "micro_batch_size": 2, "lr": 1e-3, "eval_every": 4}
+    exp = {"mixers": ["gdn"], "pattern": ["full_attention", "mixer", "mixer", "mixer"], "freeze_fraction": 0.5,
+           "optimizer_after_unfreeze": "adamw", "freeze_scope": "block"}
     need = bld_nl.bld_nl_need_tokens({"xs": shape}, run, exp, vocab_size=len(tok))
     model = bld_nl.build_nope_hybrid(shape, pattern=exp["pattern"], mixer="gdn", vocab_size=len(tok), context_len=64,
                                      eos_id=0, seed=0)

@@ -264,17 +264,17 @@ def test_perplexity_tables_teacher_as_its_own_student_has_zero_kl(tiny, tmp_path
     _metrics([100, 200, 300], [3.0, 2.0, 1.0], [1.0, 0.5, 0.2]).write_parquet(same / "metrics.parquet")
     _metrics([100, 200, 300], [3.0, 1.0, 0.5], [1.0, 0.2, 0.1]).write_parquet(other / "metrics.parquet")
     params = {"teachers": {"toy": str(tiny["teacher_dir"])}, "rows_per_language": 2, "batch_size": 2,
-              "baseline_placement": "standard",
-              "students": [{"teacher": "toy", "placement": "standard", "mixer": "gdn", "dir": str(same), "seed": 0},
+              "baseline_placement": "standard_periodic",
+              "students": [{"teacher": "toy", "placement": "standard_periodic", "mixer": "gdn", "dir": str(same), "seed": 0},
                            {"teacher": "toy", "placement": "sandwich", "mixer": "gdn", "dir": str(other), "seed": 0}]}
     ppl, tokens, rows = perplexity_tables(str(tiny["mixtures"]["multi"]), params, device="cpu", log=_silent)
     assert ppl.columns == PERPLEXITY_COLUMNS and tokens.columns == TOKENS_COLUMNS and rows.columns == ROWS_COLUMNS
     # 3 models x (2 languages + "all")
     assert ppl.height == 9 and ppl["model"].unique(maintain_order=True).to_list() == [
-        "toy", "toy/standard-gdn", "toy/sandwich-gdn"]
+        "toy", "toy/standard_periodic-gdn", "toy/sandwich-gdn"]
     teacher = ppl.filter(pl.col("model") == "toy")
     assert teacher["kl"].is_null().all() and teacher["placement"].is_null().all() and teacher["seed"].is_null().all()
-    copy = ppl.filter(pl.col("model") == "toy/standard-gdn")
+    copy = ppl.filter(pl.col("model") == "toy/standard_periodic-gdn")
     assert copy["ce"].to_list() == pytest.approx(teacher["ce"].to_list(), rel=1e-6)
     assert copy["kl"].to_list() == pytest.approx([0.0] * 3, abs=1e-6)
     overall = teacher.filter(pl.col("lang") == "all")
@@ -294,9 +294,9 @@ def test_perplexity_tables_teacher_as_its_own_student_has_zero_kl(tiny, tmp_path
 def test_perplexity_tables_without_teachers_is_an_error(tiny):
     from hybridlab.eval.perplexity import perplexity_tables
 
-    with pytest.raises(HybridlabError, match="params.teachers is empty"):
+    with pytest.raises(HybridlabError, match="--params teachers is empty"):
         perplexity_tables(str(tiny["mixtures"]["multi"]), {"teachers": {}, "students": [], "rows_per_language": 1,
-                                                           "batch_size": 1, "baseline_placement": "x"}, log=_silent)
+                                                           "batch_size": 1, "baseline_placement": "sandwich"}, log=_silent)
 
 
 # ------------------------------------------------------------------------------------------- position loss

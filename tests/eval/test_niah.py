@@ -373,7 +373,7 @@ def _split_setup(monkeypatch, **niah):
     models = {"t/sp-gdn": _tiny_qwen(tok), "t": Oracle(tok, oom_above=200)}
     monkeypatch.setattr(pairs, "load_analysis_model", lambda m, **kw: (models[m.name], tok))
     mono = pl.DataFrame({"doc_id": ["a"], "lang": ["eng_Latn"], "text": [" ".join(HAYSTACK)], "source": ["t"]})
-    params = {"seed": 0, "dtype": None, "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
+    params = {"seed": 0, "dtype": "float32", "english": "eng_Latn", "models": {"distilled": [dict(teacher="t", teacher_path="x", student="sp-gdn",
                                                                        student_path="y", tokenizer="z")]},
               "niah": {"languages": ["eng_Latn"], "tasks": ["niah_single", "niah_none"], "context_tokens": [150, 300],
                        "examples_per_cell": 2, "answer_slack_tokens": 2, **niah}}

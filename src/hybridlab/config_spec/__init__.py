@@ -54,4 +54,6 @@ from hybridlab.config_spec.schema import _Generator, dataclass_json_schema, json
 from hybridlab.config_spec.sections import (  # noqa: F401  (re-exported)
     _child, build, build_section, describe, describe_job, iter_fields, main, section, section_defaults, to_dict, type_label)
 from hybridlab.config_spec.job_sections import (  # noqa: F401  (re-exported)
-    DISTILL_JOBS, JOBS, BldNlJob, BldSrJob, DistillStage1Job, DistillStage2Job, MixtureJob, TeacherJob)
+    DISTILL_JOBS, JOBS, BldNlJob, BldSrJob, ConvertJob, DistillStage1Job, DistillStage2Job, FertilityJob, FigureJob,
+    GatherJob, HubCorpusJob, HubLayoutJob, LmBenchmarksJob, MixtureJob, NiahJob, PerplexityJob, PositionLossJob, RecencyJob, ResultsPageJob,
+    RetrievalHeadsJob, RetrievalScoreJob, SoftckaJob, SpacedRetrievalJob, TeacherJob, TokenizerJob)

@@ -54,14 +54,9 @@ class DistillStage:
 
 
 @dataclass(kw_only=True)
-class DistillTrain:
-    """Two-stage distillation (workflow_scripts/distill.py): one run per stage, held-out curves every
-    eval_every_tokens."""
+class DistillShared:
+    """The distillation settings both stages read."""
 
-    stage1: DistillStage = req("stage 1: the new mixers align to the attention they replace")
-    stage2: DistillStage = req("stage 2: logit distillation (KL) of the whole student")
-    stage1_inputs: Literal["teacher", "student"] = req(
-        "stage 1 inputs of mixer i: the teacher's attention input (RADLADS) or the student's own")
     eval_every_tokens: PosInt = req("training tokens between held-out CE/KL points (rounded to updates)")
     ckpt_every_tokens: PosInt = req("training tokens between checkpoints")
     keep_last_k: PosInt = opt(2, "checkpoints each run keeps in its work directory (the newest; a paper-size "
@@ -70,17 +65,40 @@ class DistillTrain:
         "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
         "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows_per_language: PosInt = req("held-out rows per language for the curves")
+    eval_batch_size: PosInt = req("rows per evaluation batch")
+    gradient_checkpointing: bool = req("recompute each decoder layer in backward")
+    teacher_sharding: Literal["replicate", "shard"] = opt(
+        "replicate", "the frozen teacher on every rank (replicate) or FSDP-sharded over the ranks (shard)")
+
+
+@dataclass(kw_only=True)
+class DistillStage1Settings:
+    """Distillation stage 1's own settings."""
+
+    stage1: DistillStage = req("stage 1: the new mixers align to the attention they replace")
+    stage1_inputs: Literal["teacher", "student"] = req(
+        "stage 1 inputs of mixer i: the teacher's attention input (RADLADS) or the student's own")
+
+
+@dataclass(kw_only=True)
+class DistillStage2Settings:
+    """Distillation stage 2's own settings."""
+
+    stage2: DistillStage = req("stage 2: logit distillation (KL) of the whole student")
+    kl_chunk_tokens: PosInt = req("rows per chunk of the chunked KL (bounds logit memory)")
+    kl_vocab_chunk: int | None = req("vocabulary columns per KL chunk (null: the whole vocabulary)", minimum=1)
+
+
+@dataclass(kw_only=True)
+class DistillTrain(DistillShared, DistillStage2Settings, DistillStage1Settings):
+    """Two-stage distillation (workflow_scripts/distill.py): one run per stage, held-out curves every
+    eval_every_tokens."""
+
     table_rows_per_language: int | None = req("held-out rows per language for the perplexity table "
                                               "(null: all)", minimum=1)
     eval_dtype: Literal["float32", "bfloat16", "fast"] = opt(
         UNSET, "dtype of the models in the perplexity table (absent: bfloat16 on CUDA, float32 on CPU; fast: "
         "bfloat16 where its matmuls are faster, CUDA or a CPU with AMX)")
-    eval_batch_size: PosInt = req("rows per evaluation batch")
-    kl_chunk_tokens: PosInt = req("rows per chunk of the chunked KL (bounds logit memory)")
-    kl_vocab_chunk: int | None = req("vocabulary columns per KL chunk (null: the whole vocabulary)", minimum=1)
-    gradient_checkpointing: bool = req("recompute each decoder layer in backward")
-    teacher_sharding: Literal["replicate", "shard"] = opt(
-        "replicate", "the frozen teacher on every rank (replicate) or FSDP-sharded over the ranks (shard)")
 
 
 @dataclass(kw_only=True)

@@ -296,13 +296,16 @@ def native_window_of(m: Any, model: nn.Module, windows: dict[str, int] | None) -
     return config_window(model)
 
 
-def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None = None, log=print
+def niah_tables(mono: pl.DataFrame | None, params: "NiahJob | dict", *, device: str | None = None, log=print
                 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per-example table, summary table) of every analysis model: `niah_model_examples` of each model,
     concatenated, and their `niah_summary` (the eval_niah jobs run one model each; niah_tables gathers)."""
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import NiahJob, to_dict
     from hybridlab.eval import pairs
 
-    names = [m.name for m in pairs.analysis_models(**params["models"])]
+    params = job_settings(NiahJob, params, "eval_niah.py")
+    names = [m.name for m in pairs.analysis_models(**to_dict(params.models))]
     suites: dict[str, list] = {}  # models sharing a tokenizer share their examples
     examples = pl.concat([niah_model_examples(mono, params, name, device=device, log=log, suites=suites)
                           for name in names]).sort("model", "pair", "lang", "task", "target_tokens", "depth",
@@ -310,29 +313,26 @@ def niah_tables(mono: pl.DataFrame | None, params: dict, *, device: str | None =
     return examples, niah_summary(examples, log=log)
 
 
-def _haystacks(mono: pl.DataFrame | None, cfg: dict, seed: int):
+def _haystacks(mono: pl.DataFrame | None, cfg, seed: int):
     from hybridlab.eval import pairs
 
-    if cfg.get("prompts", "project") == "oneruler":
+    if cfg.prompts == "oneruler":
         from hybridlab.eval.oneruler import load_language
 
-        oneruler = {lang: load_language(cfg["oneruler_dir"], lang) for lang in cfg["languages"]}
+        oneruler = {lang: load_language(cfg.oneruler_dir, lang) for lang in cfg.languages}
         return {lang: list(o.sentences) for lang, o in oneruler.items()}, oneruler
-    docs = pairs.mono_documents(mono, cfg["languages"], seed)
+    docs = pairs.mono_documents(mono, cfg.languages, seed)
     return {lang: pairs.haystack_sentences(texts) for lang, texts in docs.items()}, None
 
 
-def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, device: str | None = None,
+def niah_model_examples(mono: pl.DataFrame | None, params: "NiahJob | dict", model: str, *, device: str | None = None,
                         work: str | Path | None = None, log=print, suites: dict | None = None) -> pl.DataFrame:
     """Per-example rows (workflow_scripts/eval_niah.py documents the columns) of analysis model `model` of the
     multilingual needle-in-a-haystack evaluation.
 
     `mono`: the monolingual corpus (doc_id, lang, text, source), the haystack source with `prompts:
-    project` (unused with `oneruler`). `params`: `models` (`hybridlab.eval.pairs.analysis_models`
-    keyword arguments: the pairs `model` belongs to), `dtype`, `seed` and `niah` = {languages, tasks,
-    context_tokens, examples_per_cell, answer_slack_tokens, optional prompts (project | oneruler, default
-    project), oneruler_dir (with oneruler), chat_template (default false), yarn_factor (default none),
-    native_window (default none), memory_cap_gib (default none: `apply_memory_cap`)}.
+    project` (unused with `oneruler`). `params`: the job's section (`hybridlab.config_spec.NiahJob`, or its
+    dict): the models (the pairs `model` belongs to), dtype, seed and `eval.analysis.niah`.
 
     Haystacks are each language's documents in a seeded order split into sentences
     (`pairs.haystack_sentences`), or OneRULER's books; examples are built per tokenizer with the seed
@@ -347,13 +347,16 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
     fingerprint of the params and the model's files: `hybridlab.train.run.work_dir`); a rerun reads them
     instead of decoding that task again, so a job killed mid-way loses at most one task.
     """
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import NiahJob, to_dict
     from hybridlab.eval import pairs
 
-    cfg, seed = params["niah"], params["seed"]
-    prompts, chat, yarn = cfg.get("prompts", "project"), bool(cfg.get("chat_template", False)), cfg.get("yarn_factor")
-    windows = cfg.get("native_window")
+    job = job_settings(NiahJob, params, "eval_niah.py")
+    cfg, seed = job.niah, job.seed
+    prompts, chat, yarn = cfg.prompts, cfg.chat_template, cfg.yarn_factor
+    windows = cfg.native_window
     device = resolve_device(device)
-    found = [m for m in pairs.analysis_models(**params["models"]) if m.name == model]
+    found = [m for m in pairs.analysis_models(**to_dict(job.models)) if m.name == model]
     if not found:
         raise HybridlabError(f"niah: model {model!r} is not among the analysis models of the params; "
                              "check the model name")
@@ -362,16 +365,16 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
         from hybridlab.train.run import work_dir
 
         local = [p for p in (m.path,) if Path(p).exists()]
-        work = work_dir(work, {"model": model, **params}, local)
+        work = work_dir(work, {"model": model, **to_dict(job)}, local)
     haystacks, oneruler = _haystacks(mono, cfg, seed)
 
-    log(f"niah {model}: {cfg['tasks']} x {cfg['context_tokens']} tokens x {cfg['examples_per_cell']} per cell, "
-        f"languages {cfg['languages']}, device {device}")
+    log(f"niah {model}: {cfg.tasks} x {cfg.context_tokens} tokens x {cfg.examples_per_cell} per cell, "
+        f"languages {cfg.languages}, device {device}")
     t0 = time.perf_counter()
-    cap = apply_memory_cap(cfg.get("memory_cap_gib"), device)
+    cap = apply_memory_cap(cfg.memory_cap_gib, device)
     if cap is not None:
-        log(f"  CUDA allocations capped at {cap:.1f} GiB (niah.memory_cap_gib {cfg['memory_cap_gib']})")
-    lm, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
+        log(f"  CUDA allocations capped at {cap:.1f} GiB (niah.memory_cap_gib {cfg.memory_cap_gib})")
+    lm, tok = pairs.load_analysis_model(m, dtype=job.dtype, device=device)
     native = native_window_of(m, lm, windows) if yarn is not None else None
     settings = pl.DataFrame({"prompts": [prompts], "chat_template": [chat and has_chat_template(tok)],
                              "native_window": [native], "memory_cap_gib": [cap]},
@@ -379,11 +382,11 @@ def niah_model_examples(mono: pl.DataFrame | None, params: dict, model: str, *, 
                                     "memory_cap_gib": pl.Float64})
     suites = {} if suites is None else suites
     if m.tokenizer not in suites:
-        suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg["tasks"], lengths=cfg["context_tokens"],
-                                               n_per_cell=cfg["examples_per_cell"], seed=seed,
+        suites[m.tokenizer] = build_niah_suite(tok, haystacks, tasks=cfg.tasks, lengths=cfg.context_tokens,
+                                               n_per_cell=cfg.examples_per_cell, seed=seed,
                                                oneruler=oneruler, chat=chat)
     parts = []
-    for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg["answer_slack_tokens"]):
+    for examples, budget in answer_budgets(tok, suites[m.tokenizer], cfg.answer_slack_tokens):
         done = Path(work) / f"task-{examples[0].task}.parquet" if work is not None else None
         if done is not None and done.is_file():
             log(f"  {model} {examples[0].task}: rows of a finished run reused ({done})")

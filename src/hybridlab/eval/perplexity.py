@@ -46,16 +46,14 @@ ROWS_COLUMNS = ["model", "teacher", "placement", "mixer", "seed", "lang", "row",
 _PER_ROW_SCHEMA = {"row": pl.Int64, "lang": pl.String, "n_tokens": pl.Int64, "ce": pl.Float64, "kl": pl.Float64}
 
 
-def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device | None = None, log=print
+def perplexity_tables(mixture: str, params: "PerplexityJob | dict", *, device: str | torch.device | None = None, log=print
                       ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(perplexity, tokens_to_baseline, per_row) tables of every teacher and its stage-2 students (the
     eval_perplexity rule; workflow_scripts/eval_perplexity.py).
 
-    `mixture`: the packed multilingual mixture directory; `params.mixtures` ({teacher: directory}) overrides
-    it per teacher (a teacher and its students read the mixture of the teacher's own tokenizer).
-    `params`: `teachers` ({name: model directory}), `students` (dicts with teacher, placement, mixer, dir,
-    optional seed), `rows_per_language`, `batch_size`, `baseline_placement`, optional `mixtures` and `dtype`
-    (float32 | bfloat16; absent: bfloat16 on CUDA, the default device when there is one, else float32).
+    `params`: the job's section (`hybridlab.config_spec.PerplexityJob`, or its dict). `mixture`: the packed
+    multilingual mixture directory; its `mixtures` ({teacher: directory}) override it per teacher (a teacher
+    and its students read the mixture of the teacher's own tokenizer).
 
     - perplexity: one row per model x language of CE / perplexity / KL-to-teacher (`evaluate_perplexity`)
       on the first `rows_per_language` held-out rows of each language, plus a lang="all" row per model
@@ -73,26 +71,29 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill
 
-    device = resolve_device(device)
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import PerplexityJob, to_dict
     from hybridlab.device import fast_dtype
 
+    job = job_settings(PerplexityJob, params, "eval_perplexity.py")
+    device = resolve_device(device)
     _dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    dtype = _dtypes[fast_dtype(params["dtype"], device.type)] if params.get("dtype") else (
+    dtype = _dtypes[fast_dtype(job.dtype, device.type)] if job.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     tables, token_tables, row_tables = [], [], []
 
     def run(model, ids, langs, name, teacher_model=None, memo=None, **cols):
         per_row = []
         table = evaluate_perplexity(model, ids, langs, model_name=name, teacher=teacher_model,
-                                    batch_size=params["batch_size"], device=device, per_row=per_row,
+                                    batch_size=job.batch_size, device=device, per_row=per_row,
                                     teacher_memo=memo)
         row_tables.append(pl.DataFrame(per_row, schema=_PER_ROW_SCHEMA)
                           .with_columns(model=pl.lit(name), **{k: pl.lit(v) for k, v in cols.items()}))
         return distill.with_overall(table)
 
-    for teacher_name, teacher_path in sorted(params["teachers"].items()):
-        teacher_mixture = params.get("mixtures", {}).get(teacher_name, mixture)
-        ids, langs = distill.heldout_rows(PackedDataset(teacher_mixture, "val"), params["rows_per_language"])
+    for teacher_name, teacher_path in sorted(job.teachers.items()):
+        teacher_mixture = job.mixtures.get(teacher_name, mixture)
+        ids, langs = distill.heldout_rows(PackedDataset(teacher_mixture, "val"), job.rows_per_language)
         log(f"{teacher_name}: {ids.shape[0]} held-out rows of {ids.shape[1]} tokens in {len(set(langs))} "
             f"languages of {teacher_mixture}")
         teacher = distill.freeze(load_causal_lm(teacher_path, dtype=dtype)).to(device)
@@ -100,7 +101,7 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
         tables.append(t.with_columns(teacher=pl.lit(teacher_name), placement=pl.lit(None, pl.String),
                                      mixer=pl.lit(None, pl.String), seed=pl.lit(None, pl.Int64)))
         log(f"{teacher_name}: held-out CE {t['ce'][-1]:.4f}")
-        students = [s for s in params["students"] if s["teacher"] == teacher_name]
+        students = [to_dict(s) for s in job.students if s.teacher == teacher_name]
         memo: dict = {}  # the teacher's hidden states on these rows, shared by all its students
         for s in students:
             seed = s.get("seed")
@@ -114,12 +115,12 @@ def perplexity_tables(mixture: str, params: dict, *, device: str | torch.device 
         for mixer, seed in sorted({(s["mixer"], s.get("seed")) for s in students}, key=str):
             curves = {s["placement"]: pl.read_parquet(Path(s["dir"]) / "metrics.parquet")
                       for s in students if s["mixer"] == mixer and s.get("seed") == seed}
-            tb = distill.tokens_to_baseline(curves, params["baseline_placement"])
+            tb = distill.tokens_to_baseline(curves, job.baseline_placement)
             token_tables.append(tb.with_columns(teacher=pl.lit(teacher_name), mixer=pl.lit(mixer),
                                                 seed=pl.lit(seed, pl.Int64)))
         del teacher
     if not tables:
-        raise HybridlabError("no teacher to evaluate; params.teachers is empty")
+        raise HybridlabError("no teacher to evaluate; --params teachers is empty")
 
     ppl = pl.concat(tables).select(PERPLEXITY_COLUMNS)
     tokens = pl.concat(token_tables).select(TOKENS_COLUMNS)

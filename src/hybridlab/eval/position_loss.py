@@ -380,17 +380,15 @@ def check_evaluator_vocab(evaluator: nn.Module, windows: torch.Tensor, name: str
                              f"token id {top}; name an evaluator that uses the BLD-NL tokenizer")
 
 
-def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None = None,
+def position_loss_tables(models: Sequence, params: "PositionLossJob | dict", *, mixture: str | None = None,
                          tokenizer: str | None = None, pg19_local: str | None = None,
                          evaluator_model: str | None = None, log=print
                          ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per-bucket table, per-model summary) of every BLD natural-language arm directory in `models` (the
     eval_position_loss rule; workflow_scripts/eval_position_loss.py).
 
-    `params`: `seed`, optional `dtype` (default float32) and `device` (default cpu), and `position_loss` =
-    {documents (kjv_books | pg19 | mixture_val: `position_loss_documents`), n_docs, doc_len, evaluator (the
-    name of one arm directory, or with `evaluator_model` the external model's name), short_window, short_stride, threshold, optional min_long_logprob, scheme,
-    optional width, batch_size, optional pg19_split}. Windows of `doc_len` tokens lie inside one document
+    `params`: the job's section (`hybridlab.config_spec.PositionLossJob`, or its dict); its `position_loss.evaluator`
+    names one arm directory, or with `evaluator_model` the external model. Windows of `doc_len` tokens lie inside one document
     each (`document_windows`), the first `n_docs` are scored; the key tokens of LongPPL come from the
     evaluator for every arm (`key_tokens`), so all arms are scored on the same tokens. `evaluator_model`: the
     directory of an external evaluator (a model outside the arms with the BLD-NL tokenizer, loaded like an
@@ -410,48 +408,52 @@ def position_loss_tables(models: Sequence, params: dict, *, mixture: str | None 
     from hybridlab.eval.pairs import arm_columns
     from hybridlab.models.registry import load_causal_lm
 
-    c = params["position_loss"]
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import PositionLossJob, to_dict
+
+    job = job_settings(PositionLossJob, params, "eval_position_loss.py")
+    c = job.position_loss
     models = [str(d) for d in models]
     names = [Path(d).name for d in models]
-    if evaluator_model is None and c["evaluator"] not in names:
-        raise HybridlabError(f"position_loss.evaluator {c['evaluator']!r} is not one of the arms ({', '.join(names)}); "
+    if evaluator_model is None and c.evaluator not in names:
+        raise HybridlabError(f"position_loss.evaluator {c.evaluator!r} is not one of the arms ({', '.join(names)}); "
                              "set it to the arm whose key tokens score every arm, or to a teacher with the BLD-NL "
                              "tokenizer")
-    docs = position_loss_documents(c, mixture=mixture, tokenizer=tokenizer, pg19_local=pg19_local)
-    windows, n_short = document_windows(docs, c["doc_len"], c["n_docs"])
-    log(f"{windows.shape[0]} windows of {c['doc_len']} tokens inside single documents ({c['documents']}: "
+    docs = position_loss_documents(to_dict(c), mixture=mixture, tokenizer=tokenizer, pg19_local=pg19_local)
+    windows, n_short = document_windows(docs, c.doc_len, c.n_docs)
+    log(f"{windows.shape[0]} windows of {c.doc_len} tokens inside single documents ({c.documents}: "
         f"{len(docs)} documents, {n_short} shorter than a window)")
 
     def load(model_dir):
-        return load_causal_lm(model_dir, dtype=params.get("dtype", "float32"), device_map=params.get("device", "cpu"))
+        return load_causal_lm(model_dir, dtype=job.dtype, device_map=job.device)
 
-    opts = dict(short_window=c["short_window"], short_stride=c["short_stride"], threshold=c["threshold"],
-                min_long_logprob=c.get("min_long_logprob"), batch_size=c["batch_size"])
+    opts = dict(short_window=c.short_window, short_stride=c.short_stride, threshold=c.threshold,
+                min_long_logprob=c.min_long_logprob, batch_size=c.batch_size)
     if evaluator_model is not None:
         evaluator = load(str(evaluator_model))
-        check_evaluator_vocab(evaluator, windows, c["evaluator"])
+        check_evaluator_vocab(evaluator, windows, c.evaluator)
     else:
-        evaluator = load(models[names.index(c["evaluator"])])
+        evaluator = load(models[names.index(c.evaluator)])
     keys = key_tokens(evaluator, windows, **opts)
     del evaluator
     kind = "external model" if evaluator_model is not None else "arm"
-    log(f"evaluator {c['evaluator']} ({kind}): {keys.n_key_tokens} key tokens of {keys.mask.numel()}")
+    log(f"evaluator {c.evaluator} ({kind}): {keys.n_key_tokens} key tokens of {keys.mask.numel()}")
 
     buckets, summary = [], []
     for model_dir, name in zip(models, names):
         meta = arm_columns(model_dir, name)
-        res = run_position_loss(load(model_dir), windows, scheme=c["scheme"], width=c.get("width"), key_mask=keys,
-                                n_boot=N_BOOT, seed=params["seed"], **opts)
+        res = run_position_loss(load(model_dir), windows, scheme=c.scheme, width=(c.width or None), key_mask=keys,
+                                n_boot=N_BOOT, seed=job.seed, **opts)
         buckets.append(res.buckets.with_columns([pl.lit(meta[k]).cast(pl.String).alias(k) for k in meta]
                                                 + [pl.lit(int(windows.shape[0]), pl.Int64).alias("n_docs"),
                                                    pl.lit(N_BOOT, pl.Int64).alias("n_boot")]))
-        summary.append({**meta, "documents": c["documents"], "n_source_docs": len(docs), "n_short_docs": n_short,
-                        "n_docs": int(windows.shape[0]), "doc_len": c["doc_len"], "n_tokens": res.n_tokens,
-                        "ppl": res.ppl, "evaluator": c["evaluator"], "n_key_tokens": res.n_key_tokens,
-                        "long_ppl": res.long_ppl, "short_window": c["short_window"], "threshold": c["threshold"],
+        summary.append({**meta, "documents": c.documents, "n_source_docs": len(docs), "n_short_docs": n_short,
+                        "n_docs": int(windows.shape[0]), "doc_len": c.doc_len, "n_tokens": res.n_tokens,
+                        "ppl": res.ppl, "evaluator": c.evaluator, "n_key_tokens": res.n_key_tokens,
+                        "long_ppl": res.long_ppl, "short_window": c.short_window, "threshold": c.threshold,
                         **dict(zip(("ppl_lo", "ppl_hi", "long_ppl_lo", "long_ppl_hi"),
                                    sum(window_bootstrap(res.long_nll, res.key_mask, n_boot=N_BOOT,
-                                                        seed=params["seed"]), ()))),
+                                                        seed=job.seed), ()))),
                         "n_boot": N_BOOT})
         first, last = res.buckets["mean_loss"][0], res.buckets["mean_loss"][-1]
         lp = "none" if res.long_ppl is None else f"{res.long_ppl:.2f}"

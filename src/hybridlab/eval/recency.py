@@ -223,13 +223,13 @@ RECENCY_COLUMNS = ["model", "pair", "role", "lang", "layer", "head", "window", "
                    "mean_distance", "mean_distance_lo", "mean_distance_hi", "n_sequences", "input_tokens", "n_boot"]
 
 
-def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None, log=print,
+def recency_table(mono: pl.DataFrame, params: "RecencyJob | dict", *, device: str | None = None, log=print,
                   n_boot: int = N_BOOT) -> pl.DataFrame:
     """Attention-recency table of every analysis model (the eval_recency rule; workflow_scripts/eval_recency.py).
 
-    `mono`: the monolingual corpus (doc_id, lang, text, source). `params`: `models`
-    (`hybridlab.eval.pairs.analysis_models` keyword arguments), `dtype`, `seed` and `recency` = {languages,
-    n_sequences, input_tokens, windows, batch_size}. For every model (loaded once, eager attention) and
+    `mono`: the monolingual corpus (doc_id, lang, text, source). `params`: the job's section
+    (`hybridlab.config_spec.RecencyJob`, or its dict): the models, dtype, seed and `eval.analysis.recency`
+    (languages, n_sequences, input_tokens, windows, batch_size). For every model (loaded once, eager attention) and
     language, `n_sequences` documents (seeded order, the first with at least `input_tokens` tokens in the
     model's tokenizer: `pairs.token_windows`) are cut to `input_tokens` tokens and every full-attention
     layer's heads give `attention_recency`. One row per (model, pair, lang, layer, head, window) in
@@ -242,26 +242,30 @@ def recency_table(mono: pl.DataFrame, params: dict, *, device: str | None = None
 
     from hybridlab.eval import pairs
 
-    cfg = params["recency"]
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import RecencyJob, to_dict
+
+    job = job_settings(RecencyJob, params, "eval_recency.py")
+    cfg = job.recency
     device = resolve_device(device)
-    docs = pairs.mono_documents(mono, cfg["languages"], params["seed"])
-    log(f"recency: {cfg['n_sequences']} x {cfg['input_tokens']} tokens per language {cfg['languages']}, "
-        f"windows {cfg['windows']}, device {device}")
+    docs = pairs.mono_documents(mono, cfg.languages, job.seed)
+    log(f"recency: {cfg.n_sequences} x {cfg.input_tokens} tokens per language {cfg.languages}, "
+        f"windows {cfg.windows}, device {device}")
     tables = []
-    for m in pairs.analysis_models(**params["models"]):
+    for m in pairs.analysis_models(**to_dict(job.models)):
         t0 = time.perf_counter()
-        model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device, eager_attention=True)
+        model, tok = pairs.load_analysis_model(m, dtype=job.dtype, device=device, eager_attention=True)
         fa = pairs.fa_layers(model)
         if not fa:
             raise HybridlabError(f"model {m.name} has no full-attention layer; attention recency needs one")
         for lang, texts in docs.items():
-            seqs = pairs.token_windows(tok, texts, cfg["n_sequences"], cfg["input_tokens"], lang)
-            df = attention_recency(model, seqs, fa, cfg["windows"], device=device, batch_size=cfg["batch_size"],
-                                   n_boot=n_boot, seed=params["seed"])
+            seqs = pairs.token_windows(tok, texts, cfg.n_sequences, cfg.input_tokens, lang)
+            df = attention_recency(model, seqs, fa, cfg.windows, device=device, batch_size=cfg.batch_size,
+                                   n_boot=n_boot, seed=job.seed)
             if not n_boot:
                 df = df.with_columns([pl.lit(math.nan).alias(c) for c in CI_SCHEMA])
             df = df.with_columns(pl.lit(lang).alias("lang"), pl.lit(len(seqs)).alias("n_sequences"),
-                                 pl.lit(cfg["input_tokens"]).alias("input_tokens"), pl.lit(n_boot, pl.Int64).alias("n_boot"))
+                                 pl.lit(cfg.input_tokens).alias("input_tokens"), pl.lit(n_boot, pl.Int64).alias("n_boot"))
             tables.append(pl.DataFrame(pairs.pair_rows(m)).join(df, how="cross"))
         del model
         log(f"  {m.name}: FA layers {fa}, {time.perf_counter() - t0:.1f}s")

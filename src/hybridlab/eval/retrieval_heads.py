@@ -407,7 +407,7 @@ def analyse_retrieval_heads(model: nn.Module, train_examples: dict[str, torch.Te
 
 # --- the retrieval-head tables of the eval_retrieval_heads rule ------------------------------------------
 
-def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixture: str | Path,
+def retrieval_heads_tables(models: Sequence[str | Path], params: "RetrievalHeadsJob | dict", *, mixture: str | Path,
                            tokenizer: str | Path, work: str | Path, log: Callable[[str], None] = print
                            ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(alpha table, masking curve) of every BLD natural-language arm directory in `models` (the
@@ -416,9 +416,8 @@ def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixtur
     Passkey examples are built from the held-out English text of the packed English mixture directory
     `mixture` (its val rows, contiguous text) with the tokenizer directory `tokenizer`: `n_train` to train
     the gates (seed `seed`), `n_test` (seed `seed` + 1: other haystack slices and keys) for the masking
-    curve; the same examples for every arm. `params`: `seed`, optional `dtype` (default float32) and
-    `device` (default cpu), `retrieval_heads` = {sink, recent, steps, micro_batch_size, lr, l1, context_len,
-    n_digits, n_train, n_test}. Each arm's gate training runs in `work`/<arm name>; torch is seeded with
+    curve; the same examples for every arm. `params`: the job's section
+    (`hybridlab.config_spec.RetrievalHeadsJob`, or its dict). Each arm's gate training runs in `work`/<arm name>; torch is seeded with
     `seed` before each arm is loaded.
 
     Alpha: model, layer, kv_head, alpha, mixer, size, variant. Curve: model, n_masked, frac_masked,
@@ -430,15 +429,19 @@ def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixtur
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.data.packed_dataset import val_stream
 
-    cfg_in, seed = params["retrieval_heads"], params["seed"]
-    duo = DuoConfig(sink=cfg_in["sink"], recent=cfg_in["recent"], steps=cfg_in["steps"],
-                    micro_batch_size=cfg_in["micro_batch_size"], lr=cfg_in["lr"], l1=cfg_in["l1"], seed=seed)
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import RetrievalHeadsJob
+
+    job = job_settings(RetrievalHeadsJob, params, "eval_retrieval_heads.py")
+    cfg_in, seed = job.retrieval_heads, job.seed
+    duo = DuoConfig(sink=cfg_in.sink, recent=cfg_in.recent, steps=cfg_in.steps,
+                    micro_batch_size=cfg_in.micro_batch_size, lr=cfg_in.lr, l1=cfg_in.l1, seed=seed)
     tok = load_tokenizer(str(tokenizer))
     hay = val_stream(str(mixture))
-    common = dict(context_len=cfg_in["context_len"], n_digits=cfg_in["n_digits"], sink=duo.sink, recent=duo.recent)
-    train_ex = make_passkey_examples(tok, hay, n=cfg_in["n_train"], seed=seed, **common)
-    test_ex = make_passkey_examples(tok, hay, n=cfg_in["n_test"], seed=seed + 1, **common)
-    log(f"passkey: {cfg_in['n_train']} train / {cfg_in['n_test']} test examples of {cfg_in['context_len']} "
+    common = dict(context_len=cfg_in.context_len, n_digits=cfg_in.n_digits, sink=duo.sink, recent=duo.recent)
+    train_ex = make_passkey_examples(tok, hay, n=cfg_in.n_train, seed=seed, **common)
+    test_ex = make_passkey_examples(tok, hay, n=cfg_in.n_test, seed=seed + 1, **common)
+    log(f"passkey: {cfg_in.n_train} train / {cfg_in.n_test} test examples of {cfg_in.context_len} "
         f"tokens; streaming = {duo.sink} sink + {duo.recent} recent tokens")
 
     alpha_tables, curves = [], []
@@ -446,7 +449,7 @@ def retrieval_heads_tables(models: Sequence[str | Path], params: dict, *, mixtur
         name = Path(model_dir).name
         meta = arm_columns(model_dir, name)
         torch.manual_seed(seed)
-        model = load_causal_lm(model_dir, dtype=params.get("dtype", "float32"), device_map=params.get("device", "cpu"))
+        model = load_causal_lm(model_dir, dtype=job.dtype, device_map=job.device)
         alphas, curve = analyse_retrieval_heads(model, train_ex, test_ex, duo, model_name=name,
                                                 out_dir=str(Path(work) / name))
         extra = [pl.lit(meta[k]).cast(pl.String).alias(k) for k in ("mixer", "size", "variant")]

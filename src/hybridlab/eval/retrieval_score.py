@@ -210,7 +210,7 @@ def retrieval_scores(
 ARM_COLUMNS = ["arm", "seed", "step", "fraction", "long_gap_fraction"]
 
 
-def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: dict, *, device: str | None = None,
+def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: "RetrievalScoreJob | dict", *, device: str | None = None,
                           log: Callable[[str], None] = print) -> pl.DataFrame:
     """Layer Retrieval Ability Score of every BLD Spaced Retrieval arm directory in `arms`, per score
     checkpoint, layer and gap (the eval_retrieval_score rule; workflow_scripts/eval_retrieval_score.py).
@@ -218,8 +218,7 @@ def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: 
     Each arm's `score_checkpoints/index.json` (written by the bld_sr rule: arm, seed, long_gap_fraction,
     checkpoints [{path, step, fraction}]) lists its checkpoints; each is scored with `retrieval_scores` on
     the A/B pairs (`make_ab_pairs`, seed `seed`) of the first `max_examples_per_gap` test examples per gap
-    of the split `test`. `params`: seed, max_examples_per_gap, batch_size, min_denominator, optional
-    positions (default answer_predicting). Columns: arm, seed (the arm's replicate seed), step, fraction,
+    of the split `test`. `params`: the job's section (`hybridlab.config_spec.RetrievalScoreJob`, or its dict). Columns: arm, seed (the arm's replicate seed), step, fraction,
     long_gap_fraction, then those of `retrieval_scores` (layer, layer_type, gap, positions, score, n,
     items, margin_clean, margin_patched, margin_b); sorted by arm, seed, step, gap, layer.
     """
@@ -228,8 +227,12 @@ def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: 
     from hybridlab.models.io import load_hybrid
     from hybridlab.train.spaced_retrieval import take_per_gap
 
-    test_split = take_per_gap(sr.read_split(test), params["max_examples_per_gap"])
-    records_a, records_b = sr.make_ab_pairs(test_split, params["seed"])
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import RetrievalScoreJob
+
+    job = job_settings(RetrievalScoreJob, params, "eval_retrieval_score.py")
+    test_split = take_per_gap(sr.read_split(test), job.max_examples_per_gap)
+    records_a, records_b = sr.make_ab_pairs(test_split, job.seed)
     device = resolve_device(device)
     frames = []
     for arm_dir in map(Path, arms):
@@ -239,9 +242,8 @@ def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: 
         index = json.loads(index_path.read_text())
         for ck in index["checkpoints"]:
             model = load_hybrid(arm_dir / ck["path"], device=device)
-            rows = retrieval_scores(model, records_a, records_b, batch_size=params["batch_size"],
-                                    min_denominator=params["min_denominator"],
-                                    positions=params.get("positions", "answer_predicting"))
+            rows = retrieval_scores(model, records_a, records_b, batch_size=job.batch_size,
+                                    min_denominator=job.min_denominator, positions=job.positions)
             frames.append(rows.with_columns(
                 pl.lit(index["arm"]).alias("arm"), pl.lit(index.get("seed"), pl.Int64).alias("seed"),
                 pl.lit(ck["step"], pl.Int64).alias("step"),

@@ -296,18 +296,16 @@ def layer_groups(n_layers: int, per_pass: int) -> list[list[int]]:
     return [idx[i:i + size] for i in range(0, len(idx), size)]
 
 
-def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None = None, only: str | None = None,
+def softcka_table(parallel: "pl.DataFrame", params: "SoftckaJob | dict", *, device: str | None = None, only: str | None = None,
                   log: Callable[[str], None] = print) -> "pl.DataFrame":
     """The SoftCKA table of every analysis model, or of the one named `only`: cross-lingual similarity of
     every layer, English vs each parallel language (workflow_scripts/eval_softcka.py: one eval_softcka_model
     job per model; `gather_softcka` joins their tables).
 
-    `parallel`: the corpus table (sid, lang, text, source). `params`: `models` (the keyword arguments of
-    `hybridlab.eval.pairs.analysis_models`), `dtype`, `seed`, `english` and `softcka` = {n_sentences, kinds
-    (hidden / attn_delta), method (exact | rff), block_tokens, rff_features, batch_size, layers_per_pass
-    (0 = all in one pass), optional languages (default: every language of the corpus), sigma_convention
-    (median_distance | median_sq_distance, default median_distance), alignment (kme | gram_rows, default
-    kme), n_boot (default 0)}. `device`: default `hybridlab.device.resolve_device()`. Progress goes to `log`.
+    `parallel`: the corpus table (sid, lang, text, source). `params`: the job's section
+    (`hybridlab.config_spec.SoftckaJob`, or its dict): the models, dtype, seed, English code and the
+    `eval.analysis.softcka` settings (languages absent: every language of the corpus). `device`: default
+    `hybridlab.device.resolve_device()`. Progress goes to `log`.
 
     The same N parallel sentences (`pairs.parallel_sample`: a seeded sample of sids present in English and
     every analysed language) are run through each model (loaded once) per language; for each kind and
@@ -340,43 +338,47 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
     from hybridlab.eval import pairs
     from hybridlab.eval.capture import capture_hidden_states
 
-    cfg = params["softcka"]
-    english, seed = params["english"], params["seed"]
-    texts = pairs.parallel_sample(parallel, english, cfg.get("languages"), cfg["n_sentences"], seed)
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import SoftckaJob, to_dict
+
+    job = job_settings(SoftckaJob, params, "eval_softcka.py")
+    cfg = job.softcka
+    english, seed = job.english, job.seed
+    texts = pairs.parallel_sample(parallel, english, cfg.languages or None, cfg.n_sentences, seed)
     langs = [lang for lang in texts if lang != english]
-    kinds = cfg["kinds"]
+    kinds = cfg.kinds
     device = resolve_device(device)
-    method = cfg["method"]
-    convention = cfg.get("sigma_convention", "median_distance")
-    alignment = cfg.get("alignment", "kme")
+    method = cfg.method
+    convention = cfg.sigma_convention
+    alignment = cfg.alignment
     log(f"softcka: {len(texts[english])} sentences, English vs {langs}, kinds {kinds}, method {method}, "
         f"device {device}, sigma {convention}, alignment {alignment}")
 
     def gram(flat, off):
         if method == "exact":
-            return sentence_gram(flat, off, block_tokens=cfg["block_tokens"], device=device, seed=seed,
+            return sentence_gram(flat, off, block_tokens=cfg.block_tokens, device=device, seed=seed,
                                  sigma_convention=convention)
-        return rff_sentence_gram(flat, off, cfg["rff_features"], seed, device=device, sigma_convention=convention)
+        return rff_sentence_gram(flat, off, cfg.rff_features, seed, device=device, sigma_convention=convention)
 
-    models = pairs.analysis_models(**params["models"])
+    models = pairs.analysis_models(**to_dict(job.models))
     if only is not None:
         models = [m for m in models if m.name == only]
         if not models:
-            raise HybridlabError(f"softcka: no analysis model named {only!r} in params.models; pass one of the "
+            raise HybridlabError(f"softcka: no analysis model named {only!r} in --params models; pass one of the "
                                  "models the params list")
     rows = []
     for m in models:
         t0 = time.perf_counter()
-        model, tok = pairs.load_analysis_model(m, dtype=params["dtype"], device=device)
+        model, tok = pairs.load_analysis_model(m, dtype=job.dtype, device=device)
         types = pairs.layer_types(model)
         n_layers = len(types)
-        for group in layer_groups(n_layers, cfg["layers_per_pass"]):
+        for group in layer_groups(n_layers, cfg.layers_per_pass):
             delta = [layer for layer in group if layer < n_layers] if "attn_delta" in kinds else []
             hidden = group if "hidden" in kinds else []
 
             def capture(lang):
                 return capture_hidden_states(model, tok, texts[lang], layers=hidden, delta_layers=delta,
-                                             with_attn_delta=bool(delta), batch_size=cfg["batch_size"])
+                                             with_attn_delta=bool(delta), batch_size=cfg.batch_size)
 
             units = [("hidden", layer) for layer in hidden] + [("attn_delta", layer) for layer in delta]
             if not units:  # e.g. only attn_delta asked and this pass holds just the final hidden state
@@ -391,9 +393,9 @@ def softcka_table(parallel: "pl.DataFrame", params: dict, *, device: str | None 
                 for kind, layer in units:
                     # English enters through its precomputed Gram, so no English token sets are passed
                     res = soft_cka(eng_sets[(kind, layer)], cap.flat(kind, layer), method=method,
-                                   eng_gram=eng_grams[(kind, layer)], block_tokens=cfg["block_tokens"], device=device,
-                                   n_features=cfg["rff_features"], seed=seed, sigma_convention=convention,
-                                   alignment=alignment, n_boot=cfg.get("n_boot", 0))
+                                   eng_gram=eng_grams[(kind, layer)], block_tokens=cfg.block_tokens, device=device,
+                                   n_features=cfg.rff_features, seed=seed, sigma_convention=convention,
+                                   alignment=alignment, n_boot=cfg.n_boot)
                     if kind == "hidden":
                         ltype = "embedding" if layer == 0 else types[layer - 1]
                     else:

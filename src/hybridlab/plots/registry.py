@@ -206,16 +206,20 @@ def read_tables(items: list[str]) -> dict[str, pl.DataFrame]:
     return plain
 
 
-def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: dict | None = None, *,
+def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: "FigureJob | dict | None" = None, *,
                    out_png=None, out_pdf=None, out_csv=None, out_md=None) -> str:
     """Render the figure (PNG + PDF, byte-stable: `hybridlab.plots.style.save_all`) or the table (CSV +
-    Markdown: `write_table`) `name` from `tables`; returns a one-line report. A table takes
-    `params["baseline_placement"]` as its `baseline` when it has that parameter."""
-    params = params or {}
+    Markdown: `write_table`) `name` from `tables`; returns a one-line report. A table takes the section's
+    `baseline_placement` (`hybridlab.config_spec.FigureJob`, or its dict) as its `baseline` when it has that
+    parameter."""
+    from hybridlab.config import job_settings
+    from hybridlab.config_spec import FigureJob
+
+    job = job_settings(FigureJob, params or {}, "make_figure.py")
     if name in TABLES:
         if not (out_csv and out_md):
             raise HybridlabError(f"table '{name}' needs --out-csv and --out-md")
-        kwargs = {"baseline": params["baseline_placement"]} if "baseline_placement" in params else {}
+        kwargs = {"baseline": job.baseline_placement} if job.baseline_placement else {}
         df = render_table(name, tables, **kwargs)
         write_table(df, out_csv, out_md)
         return f"{name}: {df.height} rows -> {out_csv}, {out_md}"

@@ -77,12 +77,9 @@ _RC = {
 
 def rc() -> dict:
     """The complete rc dict: seaborn's whitegrid/paper theme plus the project's fixed settings."""
-    params = {}
-    params.update(sns.axes_style("whitegrid"))
-    params.update(sns.plotting_context("paper"))
-    params.update(_RC)
-    params["axes.prop_cycle"] = mpl.cycler(color=sns.color_palette(PALETTE))
-    return params
+    rc_dict = {**sns.axes_style("whitegrid"), **sns.plotting_context("paper"), **_RC}
+    rc_dict["axes.prop_cycle"] = mpl.cycler(color=sns.color_palette(PALETTE))
+    return rc_dict
 
 
 @contextmanager

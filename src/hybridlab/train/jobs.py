@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
+from hybridlab.config import job_settings as settings
 from hybridlab.errors import HybridlabError
 
 from hybridlab.config_spec import (
@@ -38,14 +39,6 @@ from hybridlab.config_spec import (
 
 SUMMARY_FILE = "summary.json"
 INITIAL_EVAL_FILE = "initial_eval.json"
-
-
-def settings(cls, params, what: str):
-    """The job's typed section: `params` itself when it is one, else built and checked from the rule's JSON
-    object (one line naming a wrong key or value)."""
-    from hybridlab.config import job_settings
-
-    return params if isinstance(params, cls) else job_settings(cls, params, what)
 
 
 def is_main() -> bool:
