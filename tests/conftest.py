@@ -1,5 +1,6 @@
 """Shared fixtures: the session's smoke repository (helpers live in tests/smoke.py)."""
 
+import ast
 import functools
 import os
 from pathlib import Path
@@ -13,10 +14,12 @@ from smoke import build, make_smoke_repo
 
 # Under pytest-xdist (`make test` runs `pytest -n 2`), a session or module fixture runs once in every
 # worker that runs a test needing it. So tests are sent in whole groups (scheduler below): the files
-# that use the session's smoke repository (they name `smoke_workdir`) form one group, on one worker, so
-# each smoke job still runs once per session; every other file is its own group (its module fixtures,
-# e.g. test_fsdp.py's torchrun runs, run once). Longest first: the smoke group, then the rehearsal (its own
-# repository, so it builds on the other worker meanwhile), then the next longest files, then the rest.
+# marked `smoke_dag` (they build in the session's smoke repository, `smoke_workdir`) form one group, on one
+# worker, so each smoke job still runs once per session; every other file is its own group (its module
+# fixtures, e.g. test_fsdp.py's torchrun runs, run once). Longest first: the smoke group, then the rehearsal
+# (its own repository, so it builds on the other worker meanwhile), then the next longest files, then the rest.
+# `pytest -m smoke_dag` runs the smoke-DAG files alone, `-m "not smoke_dag"` everything else.
+DAG_MARK = "smoke_dag"
 DAG_GROUP = "smoke-dag"
 LONG_FILES = ["test_rehearsal.py", "test_real_checkpoint.py", "test_fsdp.py", "test_gpu_acceptance.py"]
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -32,8 +35,15 @@ def _file(nodeid: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _uses_smoke_repo(rel: str) -> bool:
+    """Whether test file `rel` is marked `smoke_dag` at module level (`pytestmark`). Read from its syntax
+    tree: xdist's controller schedules by node id, before any test module is imported."""
     path = ROOT / rel
-    return path.is_file() and "smoke_workdir" in path.read_text()
+    if not path.is_file():
+        return False
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return any(isinstance(n, ast.Attribute) and n.attr == DAG_MARK for n in ast.walk(node.value))
+    return False
 
 
 def _rank(nodeid: str) -> int:
@@ -68,16 +78,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not XDIST_WORKER:
-        return
-    # A test that gets the smoke repository through another fixture, in a file that never names it,
-    # would build a second one on the other worker: say so instead.
+    # A test on the smoke repository in a file without the module-level mark would build a second repository
+    # on the other worker: say so instead.
     stray = sorted({_file(item.nodeid) for item in items
                     if "smoke_workdir" in item.fixturenames and not _uses_smoke_repo(_file(item.nodeid))})
     if stray:
-        raise pytest.UsageError(f"{stray} use smoke_workdir without naming it; name it there (e.g. in a "
-                                "docstring) so tests/conftest.py schedules them with the smoke DAG")
-    items.sort(key=lambda item: _rank(item.nodeid))  # stable: file order kept within a rank
+        raise pytest.UsageError(f"{stray} use smoke_workdir without the module mark; add `pytestmark = "
+                                f"pytest.mark.{DAG_MARK}` there so tests/conftest.py schedules them with the smoke DAG")
+    if XDIST_WORKER:
+        items.sort(key=lambda item: _rank(item.nodeid))  # stable: file order kept within a rank
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ hand-edited file (same size or mtime or not) is found before it is used; `rebuil
 rebuild a pipeline output.
 
 Standard library (and `hybridlab.errors`) only: it sits below every layer, so any module may use it.
-`tests/workflow/test_atomic.py` fails if any other module renames files itself.
+`tests/core/test_atomic.py` fails if any other module renames files itself.
 """
 
 from __future__ import annotations

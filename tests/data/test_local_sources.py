@@ -133,9 +133,9 @@ def test_model_loaders_use_the_mapping(tmp_path, monkeypatch):
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(tok_dir)
     model_dir = tmp_path / "model"
-    cfg = transformers.Qwen3Config(vocab_size=4, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-    transformers.Qwen3ForCausalLM(cfg).save_pretrained(model_dir)
+    from tiny_models import tiny_qwen3
+
+    tiny_qwen3(vocab_size=4, hidden_size=16, intermediate_size=32, num_hidden_layers=1, head_dim=8).save_pretrained(model_dir)
     monkeypatch.setenv(MODEL_DIRS_ENV, json.dumps({"org/tok": str(tok_dir), "org/model": str(model_dir)}))
     assert load_tokenizer("org/tok")("hello world")["input_ids"] == [1, 2]
     assert load_tokenizer_for("org/tok")("world")["input_ids"] == [2]

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import pairs
@@ -52,10 +52,7 @@ def test_bad_pair_lists_are_one_line_errors(distilled, hub, match):
 
 
 def _tiny_qwen3(layers=4):
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(seed=0, num_hidden_layers=layers, max_position_embeddings=64).eval()
 
 
 def test_layer_types_of_dense_converted_and_labelled_models():

@@ -7,9 +7,8 @@ from transformers import (
     Olmo3Config,
     Olmo3ForCausalLM,
     PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.capture import capture_hidden_states
@@ -19,8 +18,7 @@ SMALL = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_valu
 
 
 def _qwen3(n_layers=3):
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=n_layers, head_dim=16, **SMALL)).eval()
+    return tiny_qwen3(seed=0, num_hidden_layers=n_layers, head_dim=16, **SMALL).eval()
 
 
 def _sentences(n=5, seed=0):

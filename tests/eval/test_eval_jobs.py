@@ -12,7 +12,8 @@ import shutil
 import polars as pl
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
+from transformers import Qwen3ForCausalLM
 
 from hybridlab.errors import HybridlabError
 
@@ -51,11 +52,8 @@ def tiny(tmp_path_factory):
     tok_dir = root / "tok"
     tok = train_bpe(eng + fra + mono["text"].to_list(), vocab_size=300, min_frequency=2, out_path=tok_dir)
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024,
-                      eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    teacher = Qwen3ForCausalLM(cfg).eval()
+    teacher = tiny_qwen3(seed=0, vocab_size=len(tok), max_position_embeddings=1024,
+                         eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>")).eval()
     teacher_dir = root / "teacher"
     teacher.save_pretrained(teacher_dir)
     student = convert_to_hybrid(teacher, [1], "gdn", seed=0)
@@ -363,8 +361,7 @@ def test_position_loss_tables_with_an_external_evaluator(tiny, tmp_path):
     arm_keys = key_tokens(load_causal_lm(tiny["arms"][1], dtype="float32", device_map="cpu"), windows, **opts)
     assert not torch.equal(arm_keys.mask, keys.mask)
     # an evaluator that cannot embed the windows' token ids (another tokenizer) is one line
-    small = Qwen3ForCausalLM(Qwen3Config(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1, head_dim=16))
+    small = tiny_qwen3(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=1)
     small.save_pretrained(tmp_path / "small")
     with pytest.raises(HybridlabError, match="has 8 token embeddings"):
         position_loss_tables(tiny["arms"], params, mixture=tiny["mixtures"]["english"],

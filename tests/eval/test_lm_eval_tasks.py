@@ -215,16 +215,14 @@ def _char_tokenizer():
 def test_local_task_end_to_end_with_a_tiny_random_model(monkeypatch):
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'lm-eval[hf]')")
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")  # the local task needs no network
     torch.manual_seed(0)
     tok = _char_tokenizer()
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                         head_dim=16, max_position_embeddings=512, pad_token_id=0,
-                                         eos_token_id=1, bos_token_id=1)).eval()
+    model = tiny_qwen3(vocab_size=len(tok), max_position_embeddings=512, pad_token_id=0, eos_token_id=1,
+                       bos_token_id=1).eval()
     cfg = LMEvalConfig(tasks=(LOCAL_TASK,), ruler_lengths=(), max_length=512)
     df = wrapper.run_lm_eval(model, tok, cfg, tokenizer_name="unused", model_name="tiny")
     assert df.filter(pl.col("task") == LOCAL_TASK)["metric"].to_list() == ["contains"]

@@ -163,15 +163,12 @@ def test_run_niah_records_oom_frees_and_continues():
 
 
 def test_run_niah_with_a_real_tiny_model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
     tok = WordTokenizer()
     ex = build_niah_example(tok, HAYSTACK, task="niah_none", lang="x", target_tokens=120, seed=0,
                             template=NiahTemplate(none_word="aucun"))
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok.words) + 8, hidden_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                         intermediate_size=64))
+    model = tiny_qwen3(seed=0, vocab_size=len(tok.words) + 8, num_hidden_layers=1)
     df = run_niah(model, tok, [ex], max_new_tokens=3)
     row = df.to_dicts()[0]
     assert len(row["prediction"].split()) <= 3 and row["seconds"] > 0 and row["peak_memory_bytes"] > 0
@@ -287,7 +284,8 @@ def test_yarn_applies_only_past_the_native_window():
 
 
 def _tiny_qwen(tok, max_pos=512):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3_config
+    from transformers import Qwen3ForCausalLM
 
     class Recording(Qwen3ForCausalLM):
         seen: list = []
@@ -298,9 +296,8 @@ def _tiny_qwen(tok, max_pos=512):
             return super().generate(*args, **kwargs)
 
     torch.manual_seed(0)
-    model = Recording(Qwen3Config(vocab_size=len(tok.words) + 400, hidden_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
-                                  max_position_embeddings=max_pos))
+    model = Recording(tiny_qwen3_config(vocab_size=len(tok.words) + 400, num_hidden_layers=1,
+                                        max_position_embeddings=max_pos))
     model.seen = []
     return model
 

@@ -6,7 +6,7 @@ import re
 import polars as pl
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import oneruler
@@ -95,10 +95,7 @@ def test_oneruler_examples_use_its_words_two_key_multiquery_and_chat_template(da
 
 
 def _qwen(max_pos=64):
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, max_position_embeddings=max_pos)
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(seed=0, num_hidden_layers=1, max_position_embeddings=max_pos).eval()
 
 
 def test_yarn_changes_only_the_rotary_embedding_and_records_its_factor():

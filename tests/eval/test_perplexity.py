@@ -94,12 +94,10 @@ def test_fraction_of_baseline_tokens():
 
 
 def test_teacher_memo_reuses_the_teachers_hidden_states_and_changes_nothing():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
     def qwen(seed):
-        torch.manual_seed(seed)
-        return Qwen3ForCausalLM(Qwen3Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                            num_key_value_heads=1, head_dim=16, intermediate_size=64)).eval()
+        return tiny_qwen3(seed=seed, vocab_size=50).eval()
 
     teacher, student = qwen(0), qwen(1)
     ids = torch.randint(0, 50, (5, 12), generator=torch.Generator().manual_seed(2))

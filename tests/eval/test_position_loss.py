@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.perplexity import token_nll
@@ -100,10 +100,7 @@ def test_key_tokens_and_long_ppl_hand_computed():
 
 
 def _qwen3(seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64)
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(seed=seed).eval()
 
 
 def _brute_short(model, ids, window, stride):

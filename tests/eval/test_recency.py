@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import stats
@@ -49,10 +49,8 @@ def test_padding_queries_are_excluded():
 
 
 def _eager_qwen3():
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, intermediate_size=128)
-    return Qwen3ForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    return tiny_qwen3(seed=0, attn_implementation="eager", vocab_size=128, hidden_size=64, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128).eval()
 
 
 def test_runner_matches_direct_computation_with_padding_and_batches():

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.sites import decoder_layers_or_none, find_decoder_layers
@@ -17,7 +17,7 @@ SMALL = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_valu
 
 def test_both_find_the_decoder_list_of_a_causal_lm():
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=3, **SMALL))
+    model = tiny_qwen3(num_hidden_layers=3, **SMALL)
     name, layers = find_decoder_layers(model)
     assert name == "model.layers" and layers is model.get_decoder().layers
     assert decoder_layers_or_none(model) is layers

@@ -5,7 +5,7 @@ it to a model (and undoes it) touches only the norms it names."""
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3RMSNorm
 
@@ -56,11 +56,7 @@ def test_frozen_weight_and_frozen_input():
 
 
 def _tiny_qwen3(seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                      tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg)
+    return tiny_qwen3(seed=seed, vocab_size=97, max_position_embeddings=64, tie_word_embeddings=True)
 
 
 def test_fuse_a_model_same_loss_and_grads_then_restore():

@@ -223,15 +223,13 @@ def test_config_and_input_errors():
 def test_hybrid_forward_in_bf16_returns_bf16():
     """The CPU mixer ops accumulate in fp32; the mixer hands o_proj the inputs' dtype (bf16 analyses)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
     from hybridlab.models.convert import convert_to_hybrid
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, max_position_embeddings=32)
     for kind in ("gdn", "kda", "gla"):
-        model = convert_to_hybrid(Qwen3ForCausalLM(cfg), [1], kind).to(torch.bfloat16).eval()
+        model = convert_to_hybrid(tiny_qwen3(max_position_embeddings=32), [1], kind).to(torch.bfloat16).eval()
         with torch.no_grad():
             logits = model(input_ids=torch.randint(0, 64, (1, 10))).logits
         assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all(), kind

@@ -8,7 +8,8 @@ import huggingface_hub.errors as hub_errors
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
+from transformers import PreTrainedTokenizerFast
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models import registry
@@ -38,10 +39,7 @@ def no_network(monkeypatch):
 
 @pytest.fixture
 def tiny_dir(tmp_path):
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8)
-    model = Qwen3ForCausalLM(cfg).eval()
+    model = tiny_qwen3(seed=0, num_attention_heads=4, num_key_value_heads=2, head_dim=8).eval()
     model.save_pretrained(tmp_path / "tiny")
     return tmp_path / "tiny", model
 

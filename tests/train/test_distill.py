@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import GraniteConfig, GraniteForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_qwen3
+from transformers import GraniteConfig, GraniteForCausalLM
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.perplexity import token_kl
@@ -21,11 +22,8 @@ V, T = 64, 16
 
 
 def _qwen(layers=3, seed=0):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=V, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
-                      max_position_embeddings=T)
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(seed=seed, vocab_size=V, num_hidden_layers=layers, tie_word_embeddings=True,
+                      max_position_embeddings=T).eval()
 
 
 def _granite(seed=0):

@@ -270,13 +270,9 @@ def test_ce_errors():
 
 
 def _qwen(vocab=512):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
-                      max_position_embeddings=16)
-    return Qwen3ForCausalLM(cfg).eval()
+    return tiny_qwen3(seed=0, vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=16).eval()
 
 
 def test_causal_lm_task_and_heldout_ce_chunked_match_full_logits_and_never_build_them():

@@ -161,13 +161,9 @@ def test_ce_and_kl_on_bf16_full_logits_match_autograd():
 
 
 def _qwen(vocab=512, seed=0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, tie_word_embeddings=True,
-                      max_position_embeddings=16)
-    return Qwen3ForCausalLM(cfg)
+    return tiny_qwen3(seed=seed, vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=16)
 
 
 def test_causal_lm_task_under_bf16_equals_cross_entropy_of_the_models_own_logits():

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import tiny_qwen3
 
 from hybridlab.cli import main
 from hybridlab.errors import HybridlabError
@@ -37,12 +38,9 @@ def test_terms_by_hand():
 
 
 def test_hybrid_params_are_exact():
-    import transformers as tf
-
     from hybridlab.models.convert import convert_to_hybrid
 
-    cfg = {k: v for k, v in TOY.items() if k != "model_type"}
-    dense = tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))
+    dense = tiny_qwen3(**{k: v for k, v in TOY.items() if k != "model_type"})
     hybrid = convert_to_hybrid(dense, [1], "gdn")
     assert plan.model_params(plan.shape_of(dense.config), "gdn", 3) == sum(p.numel() for p in hybrid.parameters())
     assert plan.dense_params(plan.shape_of(dense.config)) == sum(p.numel() for p in dense.parameters())
@@ -78,15 +76,11 @@ def _measured_step(model, loss_fn):
 
 @pytest.mark.parametrize("B,T", [(4, 128), (2, 64)])
 def test_estimate_matches_cpu_measurement(B, T):
-    import transformers as tf
-
     from hybridlab.models.convert import convert_to_hybrid
     from hybridlab.train.distill import Stage2Task
     from hybridlab.train.tasks import CausalLMTask
 
-    torch.manual_seed(0)
-    cfg = {**{k: v for k, v in TOY.items() if k != "model_type"}, "vocab_size": 1024}
-    teacher = tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))
+    teacher = tiny_qwen3(seed=0, **{**{k: v for k, v in TOY.items() if k != "model_type"}, "vocab_size": 1024})
     ids = torch.randint(0, 1024, (B, T))
     measured = _measured_step(teacher, lambda: CausalLMTask().loss(teacher, ids)[0])
     est = plan.estimate_step(teacher.config, micro_batch=B, seq_len=T, precision="fp32", checkpointing=False,

@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 from hybridlab.errors import HybridlabError
 from hybridlab.train import run
 
+pytestmark = pytest.mark.smoke_dag  # one test reads the session's smoke repository (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

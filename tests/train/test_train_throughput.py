@@ -34,13 +34,10 @@ class MatmulFlops(TorchDispatchMode):
 
 
 def _toy(layers=2):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from tiny_models import tiny_qwen3
 
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=11, hidden_size=8, intermediate_size=16, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    return Qwen3ForCausalLM(config)
+    return tiny_qwen3(seed=0, vocab_size=11, hidden_size=8, intermediate_size=16, num_hidden_layers=layers, head_dim=4,
+                      max_position_embeddings=64, tie_word_embeddings=True)
 
 
 def test_dense_count_is_linear_weights_plus_causal_attention_by_hand():

@@ -17,12 +17,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from tiny_models import tiny_hybrid
 
 from hybridlab import cache
 from hybridlab.atomic import MANIFEST, read_manifest
 from hybridlab.errors import HybridlabError
-from hybridlab.models.convert import convert_to_hybrid
 from hybridlab.models.io import load_hybrid, save_hybrid
 from hybridlab.plots.registry import read_tables
 from hybridlab.train.checkpoint import STATE_FILE, latest_checkpoint
@@ -158,10 +157,8 @@ def test_checkpoint_without_manifest_still_resumes(tmp_path):
 
 def _hybrid():
     torch.manual_seed(1)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, tie_word_embeddings=True, bos_token_id=None,
-                      eos_token_id=None, pad_token_id=None)
-    return convert_to_hybrid(Qwen3ForCausalLM(cfg).eval(), [1], "gdn", seed=0)
+    return tiny_hybrid([1], "gdn", seed=0, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+                       pad_token_id=None)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ TARGETS = ["all"]
 # One output that is deleted after the pull, and the only rule that may rerun to rebuild it.
 REBUILD, REBUILD_RULE = "results/figures/smoke/fig_sr_accuracy.png", "figure"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke_dag]
 
 
 @pytest.fixture

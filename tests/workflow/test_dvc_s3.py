@@ -17,7 +17,7 @@ moto_server = pytest.importorskip("moto.server", reason="S3 test needs `pip inst
 pytest.importorskip("dvc_s3", reason="S3 test needs `pip install dvc-s3`")
 boto3 = pytest.importorskip("boto3")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke_dag]
 BUCKET = "hybridlab-test"
 
 

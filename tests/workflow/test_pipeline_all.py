@@ -11,7 +11,7 @@ from smoke import build, run_snakemake
 from hybridlab.config import config_hash, resolve
 from hybridlab.plots.registry import CAPTIONS, FIGURES, TABLES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke_dag]
 # lm-eval (and so its table) runs at the paper preset only (rules/eval.smk)
 SMOKE_TABLES = sorted(set(TABLES) - {"table_lm_benchmarks"})
 

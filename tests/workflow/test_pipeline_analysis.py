@@ -13,6 +13,8 @@ from hybridlab.eval import pairs
 from hybridlab.eval.capture import capture_hidden_states
 from hybridlab.eval.softcka import soft_cka
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 PLACEMENTS = ["sandwich", "standard_periodic"]  # the smoke preset's (config.yaml)
 MODELS = {"teacher"} | {f"teacher/{p}-gdn" for p in PLACEMENTS}
 TABLES = ["softcka", "recency", "fertility", "niah"]

@@ -7,6 +7,8 @@ import pytest
 import torch
 from smoke import build
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 ARMS = [f"{m}-{v}" for m in ("kda", "gdn") for v in ("baseline", "bld")]  # the smoke preset's mixers
 
 

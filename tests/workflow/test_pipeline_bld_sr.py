@@ -12,6 +12,8 @@ from hybridlab.config import resolve
 from hybridlab.train.arms import sr_arm_specs, sr_arm_windows, sr_score_points
 from hybridlab.train.spaced_retrieval import score_steps
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):

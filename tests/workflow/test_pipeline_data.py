@@ -9,6 +9,8 @@ import pytest
 from smoke import ROOT, dry_run_all, run_snakemake
 import torch
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 PHASE_RULES = {
     "data": {"corpus", "tokenizer", "mixture", "spaced_retrieval"},
     "models": {"teacher", "convert"},

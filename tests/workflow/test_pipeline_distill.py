@@ -9,6 +9,8 @@ import torch
 from smoke import build, run_snakemake
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 PLACEMENTS = ["sandwich", "standard_periodic"]  # the smoke preset's (config.yaml)
 
 

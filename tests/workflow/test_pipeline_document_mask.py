@@ -11,6 +11,8 @@ import polars as pl
 import pytest
 from smoke import snakemake
 
+pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (tests/conftest.py)
+
 OVERRIDE = "presets:\n  smoke:\n    data:\n      packing:\n        document_mask: true\n"
 STAGE2 = "results/train/smoke/distill/seed0/teacher/standard_periodic-gdn/stage2/metrics.parquet"
 BLD_NL = "results/train/smoke/bld_nl/seed0/kda-bld/metrics.parquet"

@@ -45,7 +45,7 @@ VOLATILE_DIRS = ("logs", "benchmarks")
 WALL_CLOCK = re.compile(r"per_s|_time|seconds|elapsed")
 
 pytest.importorskip("snakemake_executor_plugin_slurm", reason="needs `pip install -e '.[slurm]'`")
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.smoke_dag]
 
 
 @pytest.fixture(scope="session")
