@@ -159,8 +159,8 @@ def test_params_changed_after_pull_trigger_a_rerun(pulled_clone):
         cfg.write_text(original)
 
 
-def test_pull_repairs_any_mtime_order(published, dvc_env):
-    """A bare `dvc pull` may leave an input newer than its outputs; `cache.pull` fixes any order."""
+def test_pull_repairs_any_mtime_order(published, dvc_env, capsys):
+    """A bare `dvc pull` may leave an input newer than its outputs; `hybridlab cache pull` fixes any order."""
     work, repo = published
     clone = work / "clone-mtime"
     git(work, "clone", "-q", str(repo), str(clone))
@@ -172,8 +172,12 @@ def test_pull_repairs_any_mtime_order(published, dvc_env):
     proc = snakemake(clone, "-n", *TARGETS, "--config", f"scale={SCALE}")
     assert "tokenizer" in cache.parse_job_stats(proc.stdout + proc.stderr), "expected the trap to show"
 
-    report = cache.pull(TARGETS, repo=clone)
-    assert report.to_build == {}
+    # through the command a user types: exit 0, and nothing left to build
+    from hybridlab.cli import main
+
+    assert main(["cache", "pull", *TARGETS, "--repo", str(clone)]) == 0
+    out = capsys.readouterr().out
+    assert "pulled stages (smoke): " in out and "nothing left to build for the requested targets" in out, out
 
 
 def test_pull_refuses_a_stale_stage(published, dvc_env):
