@@ -241,7 +241,7 @@ def fertility_rows(fertility: pl.DataFrame | None, english: str = F.ENGLISH) -> 
 def niah_runtime_rows(niah: pl.DataFrame | None) -> list[dict]:
     """Per hybrid-vs-dense pair, at the longest context with a language x task cell both models completed
     without OOM: per cell log(mean seconds per example, hybrid / dense); mean over cells, bootstrap over cells,
-    expected - (the hybrid is faster). Seconds measure the GPU the job ran on (docs/methods.md)."""
+    expected - (the hybrid is faster). Seconds are wall time on the device the job ran on (docs/methods.md)."""
     need = {"pair", "role", "lang", "task", "context_tokens", "seconds", "n"}
     if niah is None or not niah.height or not need <= set(niah.columns):
         return []
@@ -267,7 +267,7 @@ def niah_runtime_rows(niah: pl.DataFrame | None) -> list[dict]:
         logs = [math.log(a / b) for a, b in cells.select("hybrid", "dense").iter_rows()]
         lo, hi = F._boot_over(logs)
         note = (f"at {ctx} tokens over {len(logs)} cells: mean {float(cells['hybrid'].mean()):.3g} s per example "
-                f"(hybrid) vs {float(cells['dense'].mean()):.3g} s (dense); wall time of the GPU the job ran on")
+                f"(hybrid) vs {float(cells['dense'].mean()):.3g} s (dense); wall time on the device the job ran on")
         out.append(F._row(F.MULTI, NIAH_RUNTIME, pair, f"log(seconds per example, hybrid / dense) at {ctx} tokens, "
                           "mean over language x task cells both models completed without OOM", -1,
                           float(np.mean(logs)), lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over cells",
