@@ -88,10 +88,21 @@ def _differences(before: Path, after: Path) -> list[str]:
         if pa.suffix == ".parquet":
             lines = [line for line in cb.compare_parquet(pa, pb) if not line.endswith("(timing)")]
         else:
-            la, lb = pa.read_text().splitlines(), pb.read_text().splitlines()
+            la, lb = _untimed(pa.read_text()), _untimed(pb.read_text())
             lines = [f"{x!r} vs {y!r}" for x, y in zip(la, lb) if x != y and not _timing_line(x, y)]
             lines += [f"{len(la)} vs {len(lb)} lines"] if len(la) != len(lb) else []
         out += [f"{rel}: {line}" for line in lines]
+    return out
+
+
+def _untimed(text: str) -> list[str]:
+    """The lines of a text table without a results page's "Job times" section (its rows are ordered by time)."""
+    out, timed = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            timed = line.strip() == "## Job times"
+        if not timed:
+            out.append(line)
     return out
 
 

@@ -4,7 +4,6 @@ import json
 
 import polars as pl
 import pytest
-import torch
 import yaml
 from smoke import build, run_snakemake
 
@@ -80,51 +79,3 @@ def test_bld_sr_arms_and_retrieval_score_at_smoke(smoke_workdir):
 
     again = run_snakemake(work, "-n", "results/eval/smoke/retrieval_score.parquet", "--config", "scale=smoke")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
-
-
-@pytest.mark.slow
-def test_train_bld_sr_resumes_after_a_kill_bitwise(smoke_workdir, tmp_path):
-    """Losing the final loop checkpoint (a kill after update 6 of 12) and rerunning gives the same model."""
-    import shutil
-    import subprocess
-    import sys
-
-    from safetensors.torch import load_file
-
-    work = smoke_workdir
-    build(work, "results/data/smoke/spaced_retrieval/train.parquet")
-    raw = yaml.safe_load((work / "config.yaml").read_text())
-    raw["scale"] = "smoke"
-    C = resolve(raw)
-    exp = C["experiments"]["bld_sr"]
-    params = {"arm": {"name": "freeze0-0.2", "windows": [[0, 0.2]], "scope": "block", "optimizer_after_unfreeze": None},
-              "train": {**C["train"]["bld_sr"], "ckpt_every": 6}, "seed": 0,
-              **{k: exp[k] for k in ("mixer", "pattern", "score_fractions")}}
-
-    def run(run_params, out):
-        cmd = [sys.executable, "workflow_scripts/train_bld_sr.py", "--params", json.dumps(run_params),
-               "--data", "results/data/smoke/spaced_retrieval", "--work", str(tmp_path / "work"),
-               "--out", str(out), "--threads", "1"]
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc.stdout
-
-    run(params, tmp_path / "a")
-    (keyed,) = list((tmp_path / "work").iterdir())  # work/<fingerprint of params + data> (hybridlab.train.run)
-    ckpts = sorted((keyed / "checkpoints").iterdir())
-    assert [p.name for p in ckpts] == ["step_000000006", "step_000000012"]
-    shutil.rmtree(ckpts[-1])  # as if killed after the step-6 checkpoint
-    run(params, tmp_path / "b")
-    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    ma = pl.read_parquet(tmp_path / "a" / "metrics.parquet").drop("tokens_per_s")
-    mb = pl.read_parquet(tmp_path / "b" / "metrics.parquet").drop("tokens_per_s")
-    assert ma.equals(mb)
-
-    # Another arm in the same work directory is a different run: it starts over instead of resuming.
-    other = {**params, "arm": {**params["arm"], "name": "baseline", "windows": []}}
-    log = run(other, tmp_path / "c")
-    assert "removing the work directory of other settings" in log and "resuming" not in log
-    assert [d.name for d in (tmp_path / "work").iterdir()] != [keyed.name]
-    mc = pl.read_parquet(tmp_path / "c" / "metrics.parquet")
-    assert min(mc["grad_norm/kda"].to_list()) > 0
