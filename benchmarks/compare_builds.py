@@ -1,9 +1,10 @@
 """Compare the result tables of two builds of the pipeline (e.g. before and after a refactor, same machine).
 
 Walks `<a>/results` and `<b>/results` for tables (.parquet, .csv, .md, .json; training work directories and the
-HTML report are skipped) and reports, per file present in both: byte-identical, or for parquet tables the columns
-added or removed and, per common column, the largest absolute difference (timing columns are labelled as such,
-since they differ between any two runs). Files present in one build only are listed. Determinism holds on one
+HTML report are skipped) and reports, per file present in both and not byte-identical: for parquet tables the
+columns added or removed and, per common column, the largest absolute difference; for text tables the lines
+that differ (a results page's job-times section left out). Timing columns and lines are labelled as such, since
+they differ between any two runs. Files present in one build only are listed. Determinism holds on one
 machine only, so compare builds made on the same machine.
 
     python benchmarks/compare_builds.py BUILD_A BUILD_B [--scale tiny]
@@ -54,6 +55,45 @@ def compare_parquet(pa: Path, pb: Path) -> list[str]:
     return lines
 
 
+def text_lines(path: Path) -> list[str]:
+    """The lines of a text table, without a results page's "Job times" section (its rows are job times,
+    ordered by time)."""
+    out, timed = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            timed = line.strip() == "## Job times"
+        if not timed:
+            out.append(line)
+    return out
+
+
+def compare_text(pa: Path, pb: Path) -> list[str]:
+    """Differences between two text tables, one line each (a line pair holding a timing word is labelled)."""
+    la, lb = text_lines(pa), text_lines(pb)
+    lines = []
+    for x, y in zip(la, lb):
+        if x != y:
+            timing = " (timing)" if any(w in x for w in TIMING_WORDS) and any(w in y for w in TIMING_WORDS) else ""
+            lines.append(f"{x[:150]!r} vs {y[:150]!r}{timing}")
+    return lines + ([f"{len(la)} vs {len(lb)} lines"] if len(la) != len(lb) else [])
+
+
+def differences(a: Path, b: Path, scale: str) -> tuple[list[str], int]:
+    """(one line per difference, prefixed by the table's path; the number of byte-identical common tables)
+    between the `scale` tables of the results directories `a` and `b`. Timing differences end in "(timing)"."""
+    ta, tb = tables(a, scale), tables(b, scale)
+    out = [f"only in one build: {sorted(set(ta) ^ set(tb))}"] if set(ta) != set(tb) else []
+    same = 0
+    for rel in sorted(set(ta) & set(tb)):
+        pa, pb = ta[rel], tb[rel]
+        if pa.read_bytes() == pb.read_bytes():
+            same += 1
+            continue
+        lines = compare_parquet(pa, pb) if pa.suffix == ".parquet" else compare_text(pa, pb)
+        out += [f"{rel}: {line}" for line in lines]  # none: the same values in other bytes
+    return out, same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="repository root of the first build")
@@ -63,23 +103,11 @@ def main() -> None:
     for root in (args.a, args.b):
         if not (root / "results").is_dir():
             raise SystemExit(f"error: {root / 'results'} does not exist; build it first (make all SCALE={args.scale})")
-    ta, tb = tables(args.a / "results", args.scale), tables(args.b / "results", args.scale)
-    print(f"only in {args.a}: {sorted(set(ta) - set(tb))}")
-    print(f"only in {args.b}: {sorted(set(tb) - set(ta))}")
-    same = 0
-    for rel in sorted(set(ta) & set(tb)):
-        pa, pb = ta[rel], tb[rel]
-        if pa.read_bytes() == pb.read_bytes():
-            same += 1
-            continue
-        if pa.suffix == ".parquet":
-            lines = compare_parquet(pa, pb)
-            print(f"{rel}: " + ("; ".join(lines) if lines else "same columns and values (bytes differ)"))
-        else:
-            la, lb = pa.read_text().splitlines(), pb.read_text().splitlines()
-            n = sum(x != y for x, y in zip(la, lb)) + abs(len(la) - len(lb))
-            print(f"{rel}: {n} of {max(len(la), len(lb))} lines differ")
-    print(f"{same} of {len(set(ta) & set(tb))} common files byte-identical")
+    lines, same = differences(args.a / "results", args.b / "results", args.scale)
+    print("\n".join(lines))
+    n_common = len(set(tables(args.a / "results", args.scale)) & set(tables(args.b / "results", args.scale)))
+    print(f"{same} of {n_common} common files byte-identical; "
+          f"{sum(not line.endswith('(timing)') for line in lines)} differences beyond timing")
 
 
 if __name__ == "__main__":

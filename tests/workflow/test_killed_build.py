@@ -77,39 +77,9 @@ def _leftovers(results: Path) -> list[str]:
 
 
 def _differences(before: Path, after: Path) -> list[str]:
-    """Tables that differ between two builds beyond timing columns (compare_builds' reading of them)."""
-    cb = _compare_builds()
-    ta, tb = cb.tables(before / "results", SCALE), cb.tables(after / "results", SCALE)
-    out = [f"only in one build: {sorted(set(ta) ^ set(tb))}"] if set(ta) != set(tb) else []
-    for rel in sorted(set(ta) & set(tb)):
-        pa, pb = ta[rel], tb[rel]
-        if pa.read_bytes() == pb.read_bytes():
-            continue
-        if pa.suffix == ".parquet":
-            lines = [line for line in cb.compare_parquet(pa, pb) if not line.endswith("(timing)")]
-        else:
-            la, lb = _untimed(pa.read_text()), _untimed(pb.read_text())
-            lines = [f"{x!r} vs {y!r}" for x, y in zip(la, lb) if x != y and not _timing_line(x, y)]
-            lines += [f"{len(la)} vs {len(lb)} lines"] if len(la) != len(lb) else []
-        out += [f"{rel}: {line}" for line in lines]
-    return out
-
-
-def _untimed(text: str) -> list[str]:
-    """The lines of a text table without a results page's "Job times" section (its rows are ordered by time)."""
-    out, timed = [], False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            timed = line.strip() == "## Job times"
-        if not timed:
-            out.append(line)
-    return out
-
-
-def _timing_line(a: str, b: str) -> bool:
-    """Two lines of a text table that differ only in a timing field (wall times, tokens/s)."""
-    words = _compare_builds().TIMING_WORDS
-    return any(w in a for w in words) and any(w in b for w in words)
+    """Tables that differ between two builds beyond timing (`benchmarks/compare_builds.py`'s reading of them)."""
+    lines, _ = _compare_builds().differences(before / "results", after / "results", SCALE)
+    return [line for line in lines if not line.endswith("(timing)")]
 
 
 def test_killed_and_interrupted_build_continues_with_the_same_command(smoke_workdir, tmp_path):

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config import job_settings as settings
+from hybridlab.config import job_settings
 from hybridlab.errors import HybridlabError
 
 from hybridlab.config_spec import (
-    BldNlJob, BldSrJob, DistillStage1Job, DistillStage2Job, MixtureJob, TeacherJob, to_dict)
+    DISTILL_JOBS, BldNlJob, BldSrJob, DistillStage1Job, DistillStage2Job, MixtureJob, TeacherJob, to_dict)
 
 SUMMARY_FILE = "summary.json"
 INITIAL_EVAL_FILE = "initial_eval.json"
@@ -95,7 +95,7 @@ def pretrain_teacher(params: TeacherJob | dict, *, mixture: str | Path, tokenize
     from hybridlab.train.run import work_dir
     from hybridlab.train.tasks import CausalLMTask, heldout_ce_by_language, unigram_entropy
 
-    job = settings(TeacherJob, params, "pretrain_teacher.py")
+    job = job_settings(TeacherJob, params, "pretrain_teacher.py")
     if job.shape is None or job.train is None:
         raise HybridlabError("pretrain_teacher.py: --params shape and train are null; pre-training needs the "
                              "teacher's shape (models.teacher) and its run (train.teacher)")
@@ -176,21 +176,21 @@ def distill(params: DistillStage1Job | DistillStage2Job | dict, *, stage: int, t
     from hybridlab.train.loop import METRICS_FILE, train
     from hybridlab.train.run import work_dir
 
-    job = settings({1: DistillStage1Job, 2: DistillStage2Job}[stage], params, f"distill.py --stage {stage}")
+    job = job_settings(DISTILL_JOBS[stage], params, f"distill.py --stage {stage}")
     run = to_dict(job.stage1 if stage == 1 else job.stage2)
     epochs = run.pop("epochs", None)
     train_set = PackedDataset(mixture, "train", documents=job.document_mask)
     val_set = PackedDataset(mixture, "val", documents=job.document_mask)
     seq_len = train_set.seq_len
-    every = {"eval": D.eval_interval_steps(job.eval_every_tokens, run["micro_batch_size"], run["grad_accum"], seq_len),
-             "ckpt": D.eval_interval_steps(job.ckpt_every_tokens, run["micro_batch_size"], run["grad_accum"], seq_len)}
+    every = {k: D.eval_interval_steps(tokens, run["micro_batch_size"], run["grad_accum"], seq_len)
+             for k, tokens in (("eval", job.eval_every_tokens), ("ckpt", job.ckpt_every_tokens))}
 
     # keyed by settings + input contents (models and mixture): a run of other inputs is never resumed
     # (Snakemake reruns stage 2 when stage 1 changed, for instance); see hybridlab.train.run
     main = is_main()
     work = work_dir(work, {"stage": stage, **to_dict(job)}, [student, teacher, mixture], restart=restart, is_main=main)
-    keep = {k: v for k, v in (("keep_last_k", job.keep_last_k), ("final_checkpoint", job.final_checkpoint)) if v}
-    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": job.seed, "seq_len": seq_len, **keep,
+    cfg = TrainConfig.from_dict({"out_dir": str(work), "seed": job.seed, "seq_len": seq_len,
+                                 "keep_last_k": job.keep_last_k, "final_checkpoint": job.final_checkpoint,
                                  "eval_every": every["eval"], "ckpt_every": every["ckpt"],
                                  "activation_checkpointing": job.gradient_checkpointing, **run})
 
@@ -311,7 +311,7 @@ def train_bld_sr(params: BldSrJob | dict, *, data: str | Path, work: str | Path,
     from hybridlab.train.loop import train
     from hybridlab.train.run import work_dir
 
-    job = settings(BldSrJob, params, "train_bld_sr.py")
+    job = job_settings(BldSrJob, params, "train_bld_sr.py")
     if threads is not None:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -402,7 +402,7 @@ def train_bld_nl(params: BldNlJob | dict, *, mixture: str | Path, tokenizer: str
     """
     import torch
 
-    job = settings(BldNlJob, params, "train_bld_nl.py")
+    job = job_settings(BldNlJob, params, "train_bld_nl.py")
     if threads is not None:
         torch.set_num_threads(threads)
 
@@ -494,7 +494,7 @@ def pack_mixture_job(params: MixtureJob | dict, *, mono: str | Path | None, toke
     from hybridlab.data.packing import pack_mixture
     from hybridlab.data.tokenizer import load_tokenizer
 
-    job = settings(MixtureJob, params, "pack_mixture.py")
+    job = job_settings(MixtureJob, params, "pack_mixture.py")
     if job.stream:
         return _pack_english_stream(job, load_tokenizer(str(tokenizer)), out, log)
     english = job.english
