@@ -17,6 +17,7 @@ from hybridlab.data.tokenizer import teacher_key, teacher_name
 from hybridlab.build_lock import clear_stale_lock, forget_owner, record_owner
 from hybridlab.errors import HybridlabError
 from hybridlab.eval.pairs import model_slug
+from hybridlab.models.placements import ALL_MIXERS, searched_group
 from hybridlab.plots import registry as _registry
 from hybridlab.train.arms import sr_arm_specs, sr_score_points
 
@@ -378,6 +379,23 @@ def student_dir(teacher, placement, mixer, seed):
     return R("models", f"students/seed{seed}/{teacher}/{placement}-{mixer}")
 
 
+# Searched placements (searched, searched_<group>) take their FA layers from the layer importance of their
+# teacher x mixer: one all_mixers student (every layer converted) of the first replicate seed, its stage-1 run,
+# then eval_layer_importance swaps its mixers in one layer at a time.
+SEARCHED_PLACEMENTS = [p for p in PLACEMENTS if searched_group(p) is not None]
+IMPORTANCE_RUNS = [(t, m) for t in TEACHERS for m in MIXERS] if SEARCHED_PLACEMENTS else []
+CONVERTED_PLACEMENTS = PLACEMENTS + [ALL_MIXERS]
+
+
+def importance_table(teacher, mixer):
+    return R("eval", f"layer_importance/{teacher}/{mixer}.parquet")
+
+
+def convert_importance(wc):
+    """A searched placement's conversion reads its teacher x mixer's importance table."""
+    return [importance_table(wc.teacher, wc.mixer)] if searched_group(wc.placement) is not None else []
+
+
 STUDENTS = [(t, p, m) for t in TEACHERS for p in PLACEMENTS for m in MIXERS]
 # Every distillation run: a student x its placement's replicate seeds (experiments.distill.placement_seeds).
 DISTILL_RUNS = [(t, p, m, s) for t, p, m in STUDENTS for s in placement_seeds(C, p)]
@@ -516,6 +534,7 @@ EVAL_TABLES = [
 ]
 # The BLD study's analyses
 EVAL_TABLES += ["retrieval_score", "retrieval_heads", "position_loss"] if BLD_STUDY else []
+EVAL_TABLES += ["layer_importance"] if SEARCHED_PLACEMENTS else []
 
 
 def distilled_students(seeds=None):
@@ -555,6 +574,28 @@ def analysis_models_param(seed=None):
         else []
     )
     return {"distilled": distilled, "hub_pairs": A["hub_pairs"] if seed is None else []}
+
+
+def layer_importance_params(teacher, mixer):
+    section = C.get("eval", {}).get("layer_importance")
+    if section is None:
+        print(
+            f"error: config: presets.{SCALE}.eval.layer_importance is missing but experiments.distill.placements "
+            f"lists {', '.join(SEARCHED_PLACEMENTS)}; add the section (languages, sentences, batch_size) or drop "
+            "the searched placements",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    return as_json(
+        {
+            **section,
+            "teacher": teacher,
+            "mixer": mixer,
+            "english": C["languages"]["english"],
+            "fa_ratio": C["experiments"]["distill"]["fa_ratio"],
+            "seed": C["seed"],
+        }
+    )
 
 
 def analysis_params(section, seed=None):
@@ -829,12 +870,17 @@ def _needs(name, needs):
     return [
         n
         for n in needs
-        if (BLD_STUDY or n not in _BLD_TABLES) and (PAPER_PATH or n not in _PAPER_ONLY or n not in optional)
+        if (BLD_STUDY or n not in _BLD_TABLES)
+        and (PAPER_PATH or n not in _PAPER_ONLY or n not in optional)
+        and (SEARCHED_PLACEMENTS or n != "layer_importance")
     ]
 
 
+# the layer importance heat map exists where a searched placement is run
 FIGURES = {
-    name: _inputs(needs) for name, (_, needs) in _registry.FIGURES.items() if BLD_STUDY or not name.startswith(_BLD)
+    name: _inputs(needs)
+    for name, (_, needs) in _registry.FIGURES.items()
+    if (BLD_STUDY or not name.startswith(_BLD)) and (SEARCHED_PLACEMENTS or "layer_importance" not in needs)
 }
 TABLES = {
     name: _inputs(_needs(name, needs))

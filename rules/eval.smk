@@ -366,6 +366,65 @@ rule lm_benchmarks_table:
         "--out {output} > {log} 2>&1"
 
 
+rule eval_layer_importance:
+    """Layer importance of one teacher x mixer: the KL to the teacher when one layer's attention is replaced by its
+    stage-1 mixer, and that mixer's alignment residual, per language, on parallel sentences the held-out rows
+    do not use (hybridlab.eval.layer_importance); the searched placements' conversions read it."""
+    input:
+        teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+        student=[
+            R("train", f"distill/seed{ANALYSIS_SEED}/{{teacher}}/{ALL_MIXERS}-{{mixer}}/stage1/{f}")
+            for f in DISTILL_FILES
+        ],
+        parallel=CORPUS["parallel"],
+        tokenizer=lambda wc: tokenizer_file(teacher_tok(wc.teacher)),
+    output:
+        scores=R("eval", "layer_importance/{teacher}/{mixer}.parquet"),
+        rows=R("eval", "layer_importance/{teacher}/{mixer}_rows.parquet"),
+    log:
+        LOG("eval", "layer_importance_{teacher}_{mixer}"),
+    benchmark:
+        BENCH("eval", "layer_importance_{teacher}_{mixer}")
+    wildcard_constraints:
+        mixer="gdn|kda|gla",
+    priority: PRIORITY["distill"]
+    conda:
+        CUDA_ENV
+    threads: TRAIN_THREADS
+    resources:
+        **job_resources("eval_layer_importance", gpus(1)),
+    params:
+        cfg=lambda wc: layer_importance_params(wc.teacher, wc.mixer),
+        teacher=input_dir("teacher"),
+        student=input_dir("student"),
+        tokdir=lambda wc: tokenizer_dir(teacher_tok(wc.teacher)),
+    shell:
+        "python workflow_scripts/eval_layer_importance.py --params {params.cfg:q} --teacher {params.teacher} "
+        "--student {params.student} --tokenizer {params.tokdir} --parallel {input.parallel} "
+        "--out {output.scores} --rows {output.rows} > {log} 2>&1"
+
+
+rule layer_importance_table:
+    """Every teacher x mixer's layer importance scores in one table (the heat map and the findings read it)."""
+    input:
+        [importance_table(t, m) for t, m in IMPORTANCE_RUNS],
+    output:
+        R("eval", "layer_importance.parquet"),
+    log:
+        LOG("eval", "layer_importance"),
+    priority: PRIORITY["eval"]
+    conda:
+        CPU_ENV
+    threads: 1
+    resources:
+        **job_resources("layer_importance_table"),
+    params:
+        cfg=as_json({"models": [f"{t}/{m}" for t, m in IMPORTANCE_RUNS]}),
+    shell:
+        "python workflow_scripts/gather_eval.py layer_importance --params {params.cfg:q} --inputs {input} "
+        "--out {output} > {log} 2>&1"
+
+
 rule eval:
     """Phase target: every analysis table."""
     input:

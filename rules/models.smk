@@ -43,9 +43,11 @@ rule teacher:
 
 
 rule convert:
-    """Replace the attention of every non-full-attention layer with a mixer that inherits q/k/v/o."""
+    """Replace the attention of every non-full-attention layer with a mixer that inherits q/k/v/o (a searched
+    placement's FA layers come from its layer importance table; all_mixers keeps none)."""
     input:
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+        importance=convert_importance,
     output:
         [
             R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
@@ -56,7 +58,7 @@ rule convert:
     benchmark:
         BENCH("models", "convert_{teacher}_{placement}-{mixer}_seed{seed}")
     wildcard_constraints:
-        placement="|".join(PLACEMENTS),
+        placement="|".join(CONVERTED_PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
     priority: PRIORITY["distill"]
@@ -77,9 +79,10 @@ rule convert:
         ),
         teacher=input_dir("teacher"),
         out=lambda wc: student_dir(wc.teacher, wc.placement, wc.mixer, wc.seed),
+        importance=lambda wc, input: f"--importance {input.importance}" if input.importance else "",
     shell:
         "python workflow_scripts/convert_student.py --params {params.cfg:q} --teacher {params.teacher} "
-        "--out {params.out} > {log} 2>&1"
+        "--out {params.out} {params.importance} > {log} 2>&1"
 
 
 rule models:

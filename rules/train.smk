@@ -2,7 +2,8 @@
 
 
 rule distill_stage1:
-    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only)."""
+    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only); the
+    all_mixers student's run gives the layer importance pass its mixers."""
     input:
         student=[
             R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
@@ -17,7 +18,7 @@ rule distill_stage1:
     benchmark:
         BENCH("train", "distill_stage1_{teacher}_{placement}-{mixer}_seed{seed}")
     wildcard_constraints:
-        placement="|".join(PLACEMENTS),
+        placement="|".join(CONVERTED_PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
     priority: PRIORITY["distill"]

@@ -45,7 +45,7 @@ from hybridlab.config_spec.data_sections import (  # noqa: F401  (re-exported)
 from hybridlab.config_spec.train_sections import (  # noqa: F401  (re-exported)
     BldNlRun, BldNlSize, BldNlTrain, BldSrModel, BldSrTrain, DistillStage, DistillTrain, Run, Train)
 from hybridlab.config_spec.eval_sections import (  # noqa: F401  (re-exported)
-    Analysis, Eval, Fertility, HeadsPosition, HubPair, LmEval, Niah, PositionLoss, Recency, RetrievalHeads,
+    Analysis, Eval, Fertility, HeadsPosition, HubPair, LayerImportance, LmEval, Niah, PositionLoss, Recency, RetrievalHeads,
     RetrievalScore, SoftCka)
 from hybridlab.config_spec.tree import (  # noqa: F401  (re-exported)
     BldNlArms, BldNlExperiment, BldSrExperiment, Cluster, Config, DistillExperiment, Experiments, Languages, Offline, Preset,
@@ -55,5 +55,5 @@ from hybridlab.config_spec.sections import (  # noqa: F401  (re-exported)
     _child, build, build_section, describe, describe_job, iter_fields, main, section, section_defaults, to_dict, type_label)
 from hybridlab.config_spec.job_sections import (  # noqa: F401  (re-exported)
     DISTILL_JOBS, JOBS, BldNlJob, BldSrJob, ConvertJob, DistillStage1Job, DistillStage2Job, FertilityJob, FigureJob,
-    GatherJob, HubCorpusJob, HubLayoutJob, LmBenchmarksJob, MixtureJob, NiahJob, PerplexityJob, PositionLossJob, RecencyJob, ResultsPageJob,
+    GatherJob, HubCorpusJob, HubLayoutJob, LayerImportanceJob, LmBenchmarksJob, MixtureJob, NiahJob, PerplexityJob, PositionLossJob, RecencyJob, ResultsPageJob,
     RetrievalHeadsJob, RetrievalScoreJob, SoftckaJob, SpacedRetrievalJob, TeacherJob, TokenizerJob)

@@ -181,9 +181,23 @@ class HeadsPosition:
 
 
 @dataclass(kw_only=True)
+class LayerImportance:
+    """Layer importance per language (eval_layer_importance.py): the KL to the teacher when one layer is replaced
+    by its stage-1 mixer; it chooses the searched placements' full-attention layers."""
+
+    languages: Langs = req("parallel-corpus languages scored besides English")
+    sentences: PosInt = req("sentences per language, taken from the end of the corpus (the held-out rows take "
+                            "the start)")
+    batch_size: PosInt = req("sentences per forward batch")
+    n_boot: PosInt = opt(200, "bootstrap replicates over sentences (score intervals, top-set frequencies)")
+    dtype: Dtype = opt("float32", "model dtype")
+
+
+@dataclass(kw_only=True)
 class Eval:
     """Evaluations of one preset."""
 
     analysis: Analysis = opt(UNSET, "SoftCKA / recency / fertility / NIAH")
     retrieval_score: RetrievalScore = opt(UNSET, "Layer Retrieval Ability Score")
     heads_position: HeadsPosition = opt(UNSET, "retrieval heads, position loss, lm-eval")
+    layer_importance: LayerImportance = opt(UNSET, "layer importance per language (needed by searched placements)")

@@ -85,7 +85,8 @@ Langs = Annotated[list[Lang], Schema(minItems=1, uniqueItems=True), Def("langs")
                   Label("list of language codes (at least 1, distinct)")]
 Mixer = Annotated[Literal["gdn", "kda", "gla"], Def("mixer")]
 Placement = Annotated[Literal["standard_periodic", "reverse_periodic", "sandwich", "interleaved_sandwich",
-                              "endpoint_spread"], Def("placement")]
+                              "endpoint_spread", "searched", "searched_english", "searched_latin",
+                              "searched_nonlatin"], Def("placement")]
 Seeds = Annotated[list[NonNegInt], Schema(minItems=1, uniqueItems=True), Def("seeds"),
                   Label("list of distinct integers >= 0 (at least 1)")]
 Schedule = Literal["cosine", "constant", "linear"]

@@ -13,7 +13,7 @@ from typing import Literal
 
 from hybridlab.config_spec.data_sections import BldNlStream, Heldout, SpacedRetrieval, TeacherShape
 from hybridlab.config_spec.eval_sections import (
-    Fertility, HubPair, LmEval, Niah, PositionLoss, Recency, RetrievalHeads, RetrievalScore, SoftCka)
+    Fertility, HubPair, LayerImportance, LmEval, Niah, PositionLoss, Recency, RetrievalHeads, RetrievalScore, SoftCka)
 from hybridlab.config_spec.fields import (
     UNSET, Dtype, Fraction, Lang, Langs, Mixer, Name, NonNegInt, Optimizer, Placement, PosInt, Scale, UnitFloat, opt,
     req)
@@ -88,7 +88,9 @@ class SpacedRetrievalJob(SpacedRetrieval):
 class ConvertJob:
     """One converted student (convert_student.py)."""
 
-    placement: Placement = req("where the full-attention layers sit")
+    placement: Placement | Literal["all_mixers"] = req(
+        "where the full-attention layers sit (a searched one reads --importance; all_mixers: none, the importance "
+        "pass's student)")
     mixer: Mixer = req("the recurrent mixer of the other layers")
     fa_ratio: Fraction = req("share of the teacher's layers kept as full attention")
     seed: NonNegInt = req("the replicate seed: draws the new mixers' parameters")
@@ -339,6 +341,17 @@ class PerplexityJob:
         UNSET, "model dtype (absent: bfloat16 on CUDA, float32 on CPU; fast: bfloat16 where its matmuls are faster)")
 
 
+@dataclass(kw_only=True)
+class LayerImportanceJob(LayerImportance):
+    """Layer importance of one teacher x mixer (eval_layer_importance.py)."""
+
+    teacher: Name = req("the teacher's name (a column of the tables)")
+    mixer: Mixer = req("the stage-1 student's mixer")
+    english: Lang = req("the English code (always scored)")
+    fa_ratio: Fraction = req("share of layers kept as full attention: the size of the chosen set")
+    seed: NonNegInt = req("bootstrap seed")
+
+
 # script name -> the section its --params hold (the rules' key lists and the test of them read this)
 JOBS: dict[str, type] = {
     "build_hub_corpus.py": HubCorpusJob,
@@ -364,5 +377,6 @@ JOBS: dict[str, type] = {
     "eval_retrieval_heads.py": RetrievalHeadsJob,
     "eval_position_loss.py": PositionLossJob,
     "eval_lm_benchmarks.py": LmBenchmarksJob,
+    "eval_layer_importance.py": LayerImportanceJob,
 }
 DISTILL_JOBS: dict[int, type] = {1: DistillStage1Job, 2: DistillStage2Job}

@@ -10,6 +10,11 @@ mixer. The papers name the schemes but publish no indices, so these definitions 
   from the end (36/9 -> 0, 2, 4, 6, 8, 29, 31, 33, 35).
 - ``endpoint_spread``: round_half_up(linspace(0, L-1, n)) (36/9 -> 0, 4, 9, 13, 18, 22, 26, 31, 35).
 - ``explicit``: a user-given index list (validated: in range, no duplicates).
+- ``searched`` / ``searched_<group>``: the n layers with the highest measured importance for all
+  languages / one language group (``hybridlab.eval.layer_importance``); ``top_layers`` picks them from
+  the scores, so these schemes need the importance table rather than a ratio alone.
+- ``all_mixers``: no FA layer at all; the student whose stage-1 mixers the importance pass swaps in
+  one layer at a time (never a distillation arm).
 
 Blocks when L is not divisible by n: block i spans [b_i, b_{i+1}) with boundaries
 b_i = round_half_up(i * L / n), so blocks have sizes floor(L/n) or ceil(L/n), spread evenly
@@ -37,7 +42,32 @@ PLACEMENTS: tuple[str, ...] = (
     "endpoint_spread",
 )
 EXPLICIT = "explicit"
+ALL_MIXERS = "all_mixers"
 FULL_ATTENTION = "full_attention"
+# Language groups a searched placement can be chosen for: every language, English, the other Latin-script
+# languages, the languages in other scripts (`language_group`).
+SEARCH_GROUPS: tuple[str, ...] = ("all", "english", "latin", "nonlatin")
+SEARCHED: tuple[str, ...] = ("searched",) + tuple(f"searched_{g}" for g in SEARCH_GROUPS[1:])
+
+
+def searched_group(placement: str) -> str | None:
+    """The language group a searched placement is chosen for ("searched" -> "all"); None for other schemes."""
+    if placement == "searched":
+        return "all"
+    if placement in SEARCHED:
+        return placement.removeprefix("searched_")
+    return None
+
+
+def top_layers(scores: Sequence[float], n: int) -> list[int]:
+    """Sorted indices of the `n` highest scores (a tie goes to the lower layer index)."""
+    if not 1 <= n <= len(scores):
+        raise HybridlabError(f"cannot choose {n} layers from {len(scores)} importance scores")
+    bad = [i for i, s in enumerate(scores) if not math.isfinite(float(s))]
+    if bad:
+        raise HybridlabError(f"importance scores of layers {bad} are not finite; rerun the importance pass")
+    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+    return sorted(order[:n])
 
 
 def _round_half_up(x: Fraction) -> int:
@@ -130,6 +160,11 @@ def fa_layers(
     """Sorted indices of the full-attention layers for a named scheme (with ratio) or 'explicit' (with indices)."""
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise HybridlabError(f"num_layers must be a positive integer, got {num_layers!r}")
+    if scheme == ALL_MIXERS:
+        return []
+    if searched_group(scheme) is not None:
+        raise HybridlabError(f"placement {scheme!r} is chosen from measured layer importance; give its layers "
+                             "with top_layers(scores, n) (convert_student.py reads them from --importance)")
     if scheme == EXPLICIT:
         if indices is None:
             raise HybridlabError("placement scheme 'explicit' needs `indices` (a list of FA layer indices)")

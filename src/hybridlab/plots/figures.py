@@ -491,3 +491,38 @@ def sr_longgap(runs: pl.DataFrame):
         axes[0].set_ylim(-0.02, 1.02)
     return fig
 
+
+
+def layer_importance(table: pl.DataFrame):
+    """Heat map of layer importance (KL score, log colour scale) by language group x layer, one panel per teacher x
+    mixer; dots mark the searched placement's FA layers, numbers give each cell's bootstrap top-set frequency."""
+    import numpy as np
+
+    df = require(table, ["teacher", "mixer", "group", "layer", "kl", "p_top", "chosen"], "layer_importance")
+    panels = df.select("teacher", "mixer").unique(maintain_order=True).rows()
+    n_layers = int(df["layer"].max()) + 1
+    with themed():
+        fig, axes = new_figure(len(panels), ncols=1, width=max(5.0, 0.32 * n_layers + 2.0),
+                               height=2.8 * len(panels))
+        for ax, (teacher, mixer) in zip(axes, panels):
+            g = df.filter((pl.col("teacher") == teacher) & (pl.col("mixer") == mixer))
+            groups = g["group"].unique(maintain_order=True).to_list()
+            kl = np.full((len(groups), n_layers), np.nan)
+            for r in g.iter_rows(named=True):
+                kl[groups.index(r["group"]), r["layer"]] = r["kl"]
+            image = ax.imshow(np.log10(np.maximum(kl, 1e-6)), aspect="auto", cmap="viridis")
+            for r in g.iter_rows(named=True):
+                y, x = groups.index(r["group"]), r["layer"]
+                if r["chosen"]:
+                    ax.plot(x, y - 0.22, "o", color="white", ms=3.5, mec="black", mew=0.5)
+                if n_layers <= 32:
+                    ax.text(x, y + 0.2, f"{r['p_top']:.0%}".replace("%", ""), ha="center", va="center",
+                            fontsize=5, color="white")
+            ax.set_yticks(range(len(groups)))
+            ax.set_yticklabels(groups)
+            step = max(1, n_layers // 16)
+            ax.set_xticks(range(0, n_layers, step))
+            ax.set_xlabel("layer")
+            ax.set_title(f"{teacher} / {mixer}", fontsize=8)
+            fig.colorbar(image, ax=ax, label="log10 KL (nats/token)", shrink=0.8)
+    return fig

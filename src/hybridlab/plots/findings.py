@@ -119,7 +119,7 @@ def _censoring_words(r: dict) -> str:
 def _tokens_rows(distill: pl.DataFrame, stage1: pl.DataFrame | None, baseline: str) -> list[dict]:
     out = []
     seeds = U.tokens_to_target_seeds(distill, stage1, baseline, level=1.0)
-    arms = seeds.filter(pl.col("placement") != baseline)
+    arms = seeds.filter((pl.col("placement") != baseline) & pl.col("placement").is_in(list(FA_FIRST)))
     for (teacher, mixer, placement), g in arms.group_by(["teacher", "mixer", "placement"], maintain_order=True):
         recs = g.sort("seed", nulls_last=True).to_dicts()
         span = recs[0]["span"]
@@ -194,7 +194,8 @@ def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
                     stage1: pl.DataFrame | None = None, english: str = ENGLISH) -> list[dict]:
     out = _tokens_rows(distill, stage1, baseline)
     tests = U.placement_tests_table(rows, baseline)
-    pooled = tests.filter((pl.col("metric") == "ce") & (pl.col("lang") == "all"))
+    pooled = tests.filter((pl.col("metric") == "ce") & (pl.col("lang") == "all")
+                          & pl.col("placement").is_in(list(FA_FIRST)))
     for r in pooled.iter_rows(named=True):
         out.append(_row(MULTI, "an FA-first placement has lower held-out CE than standard periodic",
                         f"{r['teacher']}/{r['mixer']}: {r['placement']} vs {baseline} (all languages)",
@@ -449,14 +450,16 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
                    english: str = ENGLISH, recency: pl.DataFrame | None = None,
                    fertility: pl.DataFrame | None = None, position_loss_summary: pl.DataFrame | None = None,
                    position_loss: pl.DataFrame | None = None, retrieval_heads_masking: pl.DataFrame | None = None,
-                   lm_benchmarks: pl.DataFrame | None = None) -> pl.DataFrame:
+                   lm_benchmarks: pl.DataFrame | None = None,
+                   layer_importance: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
     are None for a preset that runs the multilinguality study alone (its BLD rows are then left out). The
     further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given, the BLD-NL
     long-context rows (`findings_bld`) `position_loss_summary` and `position_loss`, its retrieval-heads rows
-    `retrieval_heads_masking`, its recall / RULER rows `lm_benchmarks` (the paper preset and the rehearsal)."""
+    `retrieval_heads_masking`, its recall / RULER rows `lm_benchmarks` (the paper preset and the rehearsal); the
+    searched placements' rows (`findings_multi.searched_rows`) `layer_importance`."""
     from hybridlab.plots.findings_multi import multilinguality_rows
 
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
@@ -464,6 +467,10 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
             + _niah_rows(niah)
             + multilinguality_rows(perplexity_rows, softcka, niah, recency, fertility, softcka_seeds, baseline,
                                    english))
+    if layer_importance is not None:
+        from hybridlab.plots.findings_multi import searched_rows
+
+        rows += searched_rows(layer_importance, perplexity_rows)
     if retrieval_score is not None and bld_sr is not None:
         rows += _bld_sr_rows(retrieval_score, bld_sr)
     if bld_nl is not None:

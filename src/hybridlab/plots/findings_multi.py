@@ -465,3 +465,49 @@ def multilinguality_rows(rows: pl.DataFrame, softcka: pl.DataFrame, niah: pl.Dat
     return (attn_delta_rows(softcka, softcka_seeds) + swa_rows(softcka) + recency_rows(recency)
             + fertility_rows(fertility, english) + niah_runtime_rows(niah) + top_kl_rows(rows, baseline, english)
             + non_latin_rows(rows, baseline, english) + reverse_teacher_rows(rows, english))
+
+
+SEARCH_LAYER0 = "the data puts a full-attention layer at layer 0 (searched placement)"
+SEARCH_VS = "the searched placement has lower held-out loss than the fixed placements"
+LAYER0_SURE = 0.95  # bootstrap frequency at which the choice of layer 0 (or its absence) counts as settled
+
+
+def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
+    """Rows of the searched placements: layer 0 in the chosen FA set per teacher x mixer x language group, and
+    each searched placement against reverse and standard periodic on held-out CE and KL.
+
+    Layer 0: the effect is how often layer 0 is among the chosen layers over the bootstrap of the importance
+    sentences (`p_top`); >= 0.95 would be "reproduced", <= 0.05 "contradicted", but the mixers come from ONE
+    stage-1 run, so the row stays "inconclusive" (one seed) like every single-seed row. The comparisons use
+    `uncertainty.paired_row_comparison` (seed t-interval, paired on the held-out rows), expected sign "-":
+    the placement chosen from data is the better one.
+    """
+    from hybridlab.plots import uncertainty as U
+
+    out = []
+    for r in importance.filter(pl.col("layer") == 0).iter_rows(named=True):
+        p0 = r["p_top"]
+        settled = "yes" if p0 >= LAYER0_SURE else "no" if p0 <= 1 - LAYER0_SURE else "unsettled"
+        note = (f"chosen: {'layer 0 in' if r['chosen'] else 'layer 0 not in'} the top {r['n_fa']}; "
+                f"{r['n_languages']} languages, {r['n_sentences']} sentences; settled: {settled}; one stage-1 seed")
+        out.append(F._row(F.MULTI, SEARCH_LAYER0, f"{r['teacher']}/{r['mixer']}: group {r['group']}",
+                          "share of bootstrap replicates (sentences) whose top FA set holds layer 0", +1, p0,
+                          math.nan, math.nan, "bootstrap over sentences (a frequency, no interval)", 1, "", math.nan,
+                          "layer_importance", note, verdict=stats.INCONCLUSIVE))
+    have = rows.filter(pl.col("placement").is_not_null())
+    searched = sorted(p for p in have["placement"].unique().to_list() if p.startswith("searched"))
+    for (teacher, mixer), g in have.group_by(["teacher", "mixer"], maintain_order=True):
+        for arm in searched:
+            a = g.filter(pl.col("placement") == arm)
+            for other in ("reverse_periodic", "standard_periodic"):
+                b = g.filter(pl.col("placement") == other)
+                if a.is_empty() or b.is_empty():
+                    continue
+                for metric in ("ce", "kl"):
+                    c = U.paired_row_comparison(a, b, metric)
+                    out.append(F._row(F.MULTI, SEARCH_VS, f"{teacher}/{mixer}: {arm} vs {other} ({metric}, all "
+                                      "languages)", f"token-pooled held-out {metric.upper()} difference ({arm} - "
+                                      f"{other}), nats", -1, c["effect"], c["effect_lo"], c["effect_hi"],
+                                      "seeds (t-interval)", c["n_seeds"], "sign-flip permutation over held-out rows",
+                                      c["p_perm"], "perplexity_rows"))
+    return out

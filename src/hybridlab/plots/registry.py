@@ -12,9 +12,9 @@ import polars as pl
 from hybridlab.errors import HybridlabError
 from hybridlab.plots import findings as _findings
 from hybridlab.plots import results_page as _results_page
-from hybridlab.plots.figures import (bld_nl_loss, distill_curves, fertility, niah, placements, position_loss, recency,
-                                     retrieval_heads, retrieval_score, softcka_pairs, sr_accuracy, sr_grad_norms,
-                                     sr_longgap, tokens_to_baseline)
+from hybridlab.plots.figures import (bld_nl_loss, distill_curves, fertility, layer_importance, niah, placements,
+                                     position_loss, recency, retrieval_heads, retrieval_score, softcka_pairs,
+                                     sr_accuracy, sr_grad_norms, sr_longgap, tokens_to_baseline)
 from hybridlab.plots.tables import (bld_nl_table, concat_runs, kl_reduction_table, lm_benchmarks_table,
                                     perplexity_table, softcka_first_fa_table, write_table)
 from hybridlab.plots.uncertainty import (placement_tests_table, retrieval_score_table, sr_accuracy_table,
@@ -38,6 +38,11 @@ CAPTIONS = {
                    "sequences, computed per head and averaged over the same heads (a typical head's interval).",
     "fig_fertility": "Tokenizer fertility: tokens per sentence relative to English on the parallel set, per "
                      "language and tokenizer. Error bars: 95 % bootstrap over sentence pairs.",
+    "fig_layer_importance": "Layer importance by language group: the token-mean KL(teacher || teacher with only that "
+                            "layer's attention replaced by its stage-1 mixer), mean over the group's languages, on "
+                            "parallel sentences the held-out rows do not use. Dots: the searched placement's "
+                            "full-attention layers (the group's highest scores); numbers: how often the layer is "
+                            "among them over a bootstrap of the sentences.",
     "fig_niah": "Multilingual needle-in-a-haystack: accuracy (mean over the OneRULER-style tasks) and seconds "
                 "per example vs context length (in the model's tokens), hybrid vs dense; OOM cells marked. Error bars: 95 % Wilson intervals over each cell's examples.",
     "fig_distill_curves": "Distillation stage 2: held-out cross-entropy and KL(teacher || student) vs "
@@ -101,6 +106,7 @@ FIGURES = {
     "fig_recency": (recency, ["recency"]),
     "fig_fertility": (fertility, ["fertility"]),
     "fig_niah": (niah, ["niah"]),
+    "fig_layer_importance": (layer_importance, ["layer_importance"]),
     "fig_distill_curves": (distill_curves, ["distill"]),
     "fig_tokens_to_baseline": (tokens_to_baseline, ["tokens_to_baseline"]),
     "fig_sr_accuracy": (sr_accuracy, ["bld_sr"]),
@@ -117,11 +123,11 @@ RUN_TABLES = ("distill", "distill_stage1", "bld_sr", "bld_nl", "softcka_seeds") 
 # Inputs a table reads when they exist (a preset without the BLD study has none of the BLD tables).
 OPTIONAL_INPUTS = {"table_findings": ("retrieval_score", "bld_sr", "bld_nl", "softcka_seeds", "recency", "fertility",
                                       "position_loss_summary", "position_loss", "retrieval_heads_masking",
-                                      "lm_benchmarks")}
+                                      "lm_benchmarks", "layer_importance")}
 
 # table_findings' keyword-only inputs, in the order of its input list after softcka_seeds
 _FINDINGS_KEYWORDS = ("recency", "fertility", "position_loss_summary", "position_loss", "retrieval_heads_masking",
-                      "lm_benchmarks")
+                      "lm_benchmarks", "layer_importance")
 
 TABLES = {
     "table_perplexity": (perplexity_table, ["perplexity"]),

@@ -86,6 +86,8 @@ FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "eval_recency": ((8000, 30, 1000), (64000, 240, 2000)),
     "eval_fertility": ((4000, 20, 1000), (4000, 20, 1000)),
     "eval_perplexity": ((16000, 60, 1000), (64000, 240, 2000)),
+    "eval_layer_importance": ((8000, 60, 1000), (96000, 720, 2000)),
+    "layer_importance_table": ((2000, 10, 1000), (2000, 10, 1000)),
     "eval_niah": ((8000, 30, 1000), (96000, 1440, 2000)),
     "niah_tables": ((4000, 10, 1000), (4000, 10, 1000)),
     "eval_retrieval_score": ((8000, 60, 1000), (8000, 60, 1000)),
@@ -104,7 +106,7 @@ GPU_RULES: dict[str, tuple[str | None, int]] = {
     "bld_sr": ("bld_sr", 1), "eval_perplexity": ("eval_perplexity", 1), "eval_niah": ("eval_niah", 1),
     "eval_retrieval_heads": ("eval_retrieval_heads", 1), "eval_softcka_model": (None, 1),
     "eval_recency": (None, 1), "eval_retrieval_score": (None, 1), "eval_position_loss": (None, 1),
-    "eval_lm_benchmarks": (None, 1),
+    "eval_lm_benchmarks": (None, 1), "eval_layer_importance": (None, 1),
 }
 
 
