@@ -577,15 +577,8 @@ def analysis_models_param(seed=None):
 
 
 def layer_importance_params(teacher, mixer):
-    section = C.get("eval", {}).get("layer_importance")
-    if section is None:
-        print(
-            f"error: config: presets.{SCALE}.eval.layer_importance is missing but experiments.distill.placements "
-            f"lists {', '.join(SEARCHED_PLACEMENTS)}; add the section (languages, sentences, batch_size) or drop "
-            "the searched placements",
-            file=sys.stderr,
-        )
-        sys.exit(1)
+    """eval.layer_importance plus the run's labels (config validation ensures the section where searched runs)."""
+    section = C["eval"]["layer_importance"]
     return as_json(
         {
             **section,

@@ -146,6 +146,9 @@ rule eval_perplexity:
     priority: PRIORITY["eval"]
     conda:
         CUDA_ENV
+    # It waits for every student, so on CPU it is the build's last long job: with every core it does not leave
+    # one idle while it runs alone.
+    threads: 8 if ON_GPU else workflow.cores
     resources:
         **job_resources("eval_perplexity", gpus("eval_perplexity")),
     params:

@@ -156,6 +156,7 @@ def _check_meaning(config: dict) -> None:
         if extra:
             raise HybridlabError(f"config: presets.{scale}.experiments.distill.placement_seeds names {extra}, which "
                                  f"are not placements of the experiment ({', '.join(distill['placements'])})")
+        _check_searched(config, scale, distill["placements"])
         gguf = sorted(set(config["presets"][scale]["models"].get("gguf") or {})
                       - set(config["presets"][scale]["models"].get("teachers") or []))
         if gguf:
@@ -262,6 +263,31 @@ def studies(cfg: dict) -> list[str]:
     """The studies a resolved preset runs (`presets.<scale>.studies`; default both)."""
     return list(cfg.get("studies") or ["multilinguality", "bld"])
 
+
+
+def _check_searched(config: dict, scale: str, placements: list[str]) -> None:
+    """A searched placement needs the preset's layer importance settings, with a parallel language of its group."""
+    from hybridlab.eval.layer_importance import language_group
+    from hybridlab.models.placements import searched_group
+
+    groups = [g for g in map(searched_group, placements) if g is not None]
+    if not groups:
+        return
+    preset = config["presets"][scale]
+    section = (preset.get("eval") or {}).get("layer_importance")
+    if section is None:
+        raise HybridlabError(f"config: presets.{scale} runs searched placements but has no eval.layer_importance; "
+                             "add it (languages, sentences, batch_size) or drop the searched placements")
+    english = config["languages"]["english"]
+    absent = [x for x in section["languages"] if x not in preset["data"]["parallel_languages"] and x != english]
+    if absent:
+        raise HybridlabError(f"config: presets.{scale}.eval.layer_importance.languages {absent} are not in "
+                             "data.parallel_languages (its sentences come from the parallel corpus); add them")
+    have = {language_group(x, english) for x in [english, *section["languages"]]} | {"all"}
+    for g in groups:
+        if g not in have:
+            raise HybridlabError(f"config: presets.{scale} runs searched_{g} but eval.layer_importance.languages has "
+                                 f"no {g} language; add one")
 
 def validate(config: dict) -> dict:
     """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it."""

@@ -247,3 +247,15 @@ def test_structure_errors_are_exact_one_liners(base, path, value, message):
     c = copy.deepcopy(base)
     _set(path, value)(c)
     assert _err(c) == message
+
+
+def test_searched_placements_need_the_layer_importance_section(base):
+    c = copy.deepcopy(base)
+    del c["presets"]["tiny"]["eval"]["layer_importance"]
+    assert "presets.tiny runs searched placements but has no eval.layer_importance" in _err(c)
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["experiments"]["distill"] = {"placements": ["standard_periodic", "searched_latin"]}
+    c["presets"]["tiny"]["eval"]["layer_importance"]["languages"] = ["zho_Hans"]
+    assert "searched_latin but eval.layer_importance.languages has no latin language" in _err(c)
+    c["presets"]["tiny"]["eval"]["layer_importance"]["languages"] = ["yor_Latn"]
+    assert "layer_importance.languages ['yor_Latn'] are not in data.parallel_languages" in _err(c)

@@ -268,3 +268,45 @@ def test_closer_compares_with_the_placements_run_on_every_seed():
     rows = rows.filter(~((pl.col("placement") == "sandwich") & (pl.col("seed") == 1)).fill_null(False))
     r = {x["finding"]: x for x in M.reverse_teacher_rows(rows)}[M.REV_CLOSER]
     assert r["effect"] == pytest.approx(1 - 0.005 / 0.10) and r["n_seeds"] == 2
+
+
+def _importance(p0_all, chosen_all):
+    """A layer_importance table of one teacher: groups all and nonlatin, 3 layers, layer 0's p_top as given."""
+    out = []
+    for group, p0, chosen in (("all", p0_all, chosen_all), ("nonlatin", 0.01, False)):
+        for layer in range(3):
+            out.append(dict(teacher="t", mixer="gdn", group=group, layer=layer, kl=1.0, kl_lo=0.9, kl_hi=1.1,
+                            residual=0.1, residual_rel=0.1, p_top=p0 if layer == 0 else 0.5,
+                            chosen=chosen if layer == 0 else layer == 1, n_fa=1, n_languages=3, n_sentences=30))
+    return pl.DataFrame(out)
+
+
+def test_searched_rows_layer_zero_and_the_comparisons():
+    # searched beats reverse periodic by 0.05 nat and standard periodic by 0.10 on every row of every seed
+    rows = _teacher_rows({0: 2.05, 1: 2.05, 2: 2.05}, others=(("standard_periodic", 2.10), ("searched", 2.00)))
+    out = M.searched_rows(_importance(0.97, True), rows)
+    layer0 = {r["comparison"]: r for r in out if r["finding"] == M.SEARCH_LAYER0}
+    assert layer0["t/gdn: group all"]["effect"] == pytest.approx(0.97)
+    assert "layer 0 in the top 1" in layer0["t/gdn: group all"]["note"]
+    assert "settled: yes" in layer0["t/gdn: group all"]["note"]
+    assert "settled: no" in layer0["t/gdn: group nonlatin"]["note"]
+    # one stage-1 run chose the layers: never more than inconclusive
+    assert {r["verdict"] for r in layer0.values()} == {stats.INCONCLUSIVE}
+    vs = {r["comparison"]: r for r in out if r["finding"] == M.SEARCH_VS}
+    ce_rev = vs["t/gdn: searched vs reverse_periodic (ce, all languages)"]
+    assert ce_rev["effect"] == pytest.approx(-0.05) and ce_rev["n_seeds"] == 3
+    assert ce_rev["verdict"] == stats.REPRODUCED
+    assert vs["t/gdn: searched vs standard_periodic (ce, all languages)"]["effect"] == pytest.approx(-0.10)
+    assert vs["t/gdn: searched vs standard_periodic (kl, all languages)"]["effect"] == pytest.approx(0.0)
+    assert len(vs) == 4
+
+
+def test_searched_rows_reach_the_findings_table_through_the_registry():
+    rows = _teacher_rows({0: 2.05, 1: 2.05, 2: 2.05}, others=(("standard_periodic", 2.10), ("searched", 2.00)))
+    tables = {"perplexity_rows": rows, "distill": _distill(), "softcka": _softcka(), "niah": _niah(),
+              "distill_stage1": _stage1(), "layer_importance": _importance(0.5, False)}
+    table = registry.render_table("table_findings", tables)
+    assert table.filter(pl.col("finding") == M.SEARCH_LAYER0).height == 2
+    # the FA-first finding is about the study's four FA-first placements, not the searched one
+    assert not table.filter(pl.col("comparison").str.contains("searched")
+                            & pl.col("finding").str.starts_with("an FA-first")).height

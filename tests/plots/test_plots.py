@@ -143,13 +143,23 @@ def _perplexity():
     return pl.DataFrame(rows)
 
 
+def _layer_importance():
+    from hybridlab.eval.layer_importance import ROW_SCHEMA, group_scores
+
+    rows = [dict(layer=layer, lang=lang, sid=s, kl_tokens=10, kl_sum=(3.0 if layer == 0 else 1.0) * (1 + s % 3),
+                 res_tokens=11, res_sum=1.0 + layer, ref_sum=5.0)
+            for layer in range(6) for lang in ("eng_Latn", "fra_Latn", "hin_Deva") for s in range(4)]
+    scores = group_scores(pl.DataFrame(rows, schema=ROW_SCHEMA), "eng_Latn", 2, n_boot=20)
+    return scores.select(pl.lit("teacher").alias("teacher"), pl.lit("gdn").alias("mixer"), pl.all())
+
+
 def synthetic_tables():
     alphas, curve = _heads()
     return {"softcka": _softcka(), "recency": _recency(), "fertility": _fertility(), "niah": _niah(),
             "distill": _distill_runs(), "tokens_to_baseline": _tokens(), "bld_sr": _bld_sr_runs(),
             "retrieval_score": _retrieval_score(), "bld_nl": _bld_nl_runs(), "position_loss": _position_loss(),
             "retrieval_heads": alphas, "retrieval_heads_masking": curve, "perplexity": _perplexity(),
-            "position_loss_summary": _position_summary()}
+            "position_loss_summary": _position_summary(), "layer_importance": _layer_importance()}
 
 
 @pytest.fixture(scope="module")

@@ -53,11 +53,17 @@ def test_dry_run_lists_every_phase(dry_run, scale):
     counts = dry_run(scale)
     for phase, rules in PHASE_RULES.items():
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
-    # placements x teachers x 1 mixer x replicate seeds (smoke and the rehearsal narrow the placements to 2)
-    n_students = (2 if scale in ("smoke", "rehearsal") else 5) * (2 if scale in ("paper", "rehearsal") else 1)
+    # placements x teachers x 1 mixer x replicate seeds: smoke runs 2 placements, the rehearsal those 2 and
+    # searched_nonlatin, tiny the 5 fixed ones and searched, paper also the 3 per-group searched ones
+    n_teachers = 2 if scale in ("paper", "rehearsal") else 1
+    n_students = {"smoke": 2, "rehearsal": 3, "tiny": 6, "paper": 9}[scale] * n_teachers
     n_seeds = 3 if scale in ("tiny", "paper") else 1
-    assert counts["convert"] == n_students * n_seeds
+    # a preset with a searched placement converts and aligns one all_mixers student per teacher x mixer too
+    n_importance = 0 if scale == "smoke" else n_teachers
+    assert counts["convert"] == n_students * n_seeds + n_importance
+    assert counts["distill_stage1"] == n_students * n_seeds + n_importance
     assert counts["distill_stage2"] == n_students * n_seeds
+    assert counts.get("eval_layer_importance", 0) == n_importance
     assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
@@ -99,17 +105,21 @@ def test_every_job_gets_exactly_its_sections_keys(scale):
         seen.add(cls.__name__)
     training = {"TeacherJob", "MixtureJob", "DistillStage1Job", "DistillStage2Job", "ConvertJob", "SoftckaJob",
                 "PerplexityJob", "FigureJob"}
+    training |= {"LayerImportanceJob"} if scale != "smoke" else set()
     training |= {"BldSrJob", "BldNlJob", "RetrievalScoreJob", "PositionLossJob"} if scale != "real" else set()
     assert training <= seen, training - seen
 
 
 def test_real_preset_runs_the_multilinguality_study_on_the_gguf_teacher(dry_run):
-    """Two seeds for the periodic placements, one for the other three; no BLD job; the GGUF teacher is
+    """Two seeds for the periodic placements and the searched one, one for the other three, plus the importance
+    pass's all_mixers student (converted and aligned, never distilled further); no BLD job; the GGUF teacher is
     converted (not fetched, not pre-trained) and its tokenizer read from the converted directory."""
     from smoke import dry_run_all
 
     counts = dry_run("real")
-    assert counts["convert"] == counts["distill_stage1"] == counts["distill_stage2"] == 2 + 2 + 1 + 1 + 1
+    assert counts["distill_stage2"] == 2 + 2 + 1 + 1 + 1 + 2
+    assert counts["convert"] == counts["distill_stage1"] == counts["distill_stage2"] + 1
+    assert counts["eval_layer_importance"] == counts["layer_importance_table"] == 1
     assert counts["teacher"] == 1 and counts["results_page"] == 1
     assert not {"bld_sr", "bld_nl", "spaced_retrieval", "eval_retrieval_score", "eval_position_loss"} & set(counts)
     text = dry_run_all("real")
@@ -125,8 +135,9 @@ def _blocks(text: str, rule: str) -> list[str]:
 def test_lm_eval_and_niah_run_one_job_per_model_and_a_gather_job(dry_run):
     """A time-out costs one model's work: a job per model, resumable, gathered into the same tables."""
     paper = dry_run("paper")
-    assert paper["eval_lm_benchmarks"] == 2 + 10 + 30 and paper["lm_benchmarks_table"] == 1
-    assert paper["eval_niah"] == 21 and paper["niah_tables"] == 1  # 2 teachers + 10 students + 9 hub models
+    # 2 teachers + 18 students (9 placements) + 30 / 9 hub models
+    assert paper["eval_lm_benchmarks"] == 2 + 18 + 30 and paper["lm_benchmarks_table"] == 1
+    assert paper["eval_niah"] == 2 + 18 + 9 and paper["niah_tables"] == 1
     text = dry_run_all("paper")
     (gather,) = _blocks(text, "niah_tables")
     assert "results/eval/paper/niah.parquet" in gather and "results/eval/paper/niah_examples.parquet" in gather

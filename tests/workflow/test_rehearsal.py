@@ -105,3 +105,25 @@ def test_longppl_external_evaluator_and_the_multilinguality_findings(rehearsal):
         "gdn: bld vs baseline", "kda: bld vs baseline"]
     assert sorted(table.filter(pl.col("source") == "lm_benchmarks")["comparison"]) == [
         "gdn: bld vs baseline", "kda: bld vs baseline"]
+
+
+def test_searched_placement_comes_from_the_layer_importance(rehearsal):
+    """Each teacher's all_mixers stage-1 run gives its importance table; the searched_nonlatin student keeps the
+    FA layers that table ranks highest for the non-Latin group, records them in hybrid.json, and the findings
+    table has the layer-0 row of every teacher and group."""
+    from hybridlab.eval.layer_importance import searched_layers
+    from hybridlab.plots import findings_multi as M
+
+    scores = pl.read_parquet(rehearsal / "results" / "eval" / "rehearsal" / "layer_importance.parquet")
+    assert set(scores["group"]) == {"all", "english", "latin", "nonlatin"}
+    for (teacher,), g in scores.group_by(["teacher"]):
+        slug = teacher.replace("/", "--")
+        spec = json.loads((rehearsal / "results" / "models" / "rehearsal" / "students" / "seed0" / slug
+                           / "searched_nonlatin-gdn" / "hybrid.json").read_text())
+        n_layers = g["layer"].n_unique()
+        want, kl = searched_layers(g, "nonlatin", n_layers, g["n_fa"][0])
+        assert spec["fa_layers"] == want and spec["extra"]["search"]["kl_by_layer"] == pytest.approx(kl)
+        assert g.filter(pl.col("chosen") & (pl.col("group") == "nonlatin"))["layer"].to_list() == want
+    table = pl.read_csv(rehearsal / "results" / "figures" / "rehearsal" / "table_findings.csv")
+    assert table.filter(pl.col("finding") == M.SEARCH_LAYER0).height == scores.select("teacher", "group").n_unique()
+    assert (rehearsal / "results" / "figures" / "rehearsal" / "fig_layer_importance.png").is_file()

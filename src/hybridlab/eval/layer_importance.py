@@ -99,8 +99,10 @@ def score_layers(teacher: nn.Module, mixers: dict[int, nn.Module], sentences: Se
     device = next(teacher.parameters()).device
     rows = []
     capture = AttentionCapture(teacher, order, keep_inputs=False)
+    n_batches = -(-len(sentences) // batch_size)
     try:
         for b0 in range(0, len(sentences), batch_size):
+            print(f"layer importance: batch {b0 // batch_size + 1}/{n_batches} ({len(order)} layers)", flush=True)
             batch = [list(map(int, s)) for s in sentences[b0:b0 + batch_size]]
             lengths = [len(s) for s in batch]
             width = max(lengths)
