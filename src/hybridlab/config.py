@@ -267,8 +267,7 @@ def studies(cfg: dict) -> list[str]:
 
 def _check_searched(config: dict, scale: str, placements: list[str]) -> None:
     """A searched placement needs the preset's layer importance settings, with a parallel language of its group."""
-    from hybridlab.eval.layer_importance import language_group
-    from hybridlab.models.placements import searched_group
+    from hybridlab.data.languages import language_group, searched_group
 
     groups = [g for g in map(searched_group, placements) if g is not None]
     if not groups:

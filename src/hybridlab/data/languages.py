@@ -350,3 +350,25 @@ def dominant_script(text: str) -> str | None:
         counts["Jpan"] = counts.pop("Hani", 0) + kana
     # ties broken by name so the answer never depends on dict order
     return max(sorted(counts), key=lambda s: counts[s])
+
+
+# Language groups of the layer importance pass and the searched placements: every language, English, the other
+# Latin-script languages, the languages in other scripts.
+SEARCH_GROUPS: tuple[str, ...] = ("all", "english", "latin", "nonlatin")
+
+
+def language_group(code: str, english: str = ENGLISH) -> str:
+    """"english", "latin" (another Latin-script language) or "nonlatin"."""
+    if code == english:
+        return "english"
+    return "latin" if code.endswith("_Latn") else "nonlatin"
+
+
+def searched_group(placement: str) -> str | None:
+    """The language group a searched placement is chosen for ("searched" -> "all", "searched_<g>" -> g); None for a
+    placement that is not searched."""
+    if placement == "searched":
+        return "all"
+    group = placement.removeprefix("searched_")
+    return group if group != placement and group in SEARCH_GROUPS[1:] else None
+

@@ -33,20 +33,14 @@ import torch
 from torch import nn
 
 from hybridlab.errors import HybridlabError
-from hybridlab.models.placements import SEARCH_GROUPS, top_layers
+from hybridlab.data.languages import SEARCH_GROUPS, language_group  # noqa: F401  (re-exported)
+from hybridlab.models.placements import top_layers
 
 ROW_SCHEMA = {"layer": pl.Int64, "lang": pl.String, "sid": pl.Int64, "kl_tokens": pl.Int64, "kl_sum": pl.Float64,
               "res_tokens": pl.Int64, "res_sum": pl.Float64, "ref_sum": pl.Float64}
 SCORE_SCHEMA = {"group": pl.String, "layer": pl.Int64, "kl": pl.Float64, "kl_lo": pl.Float64, "kl_hi": pl.Float64,
                 "residual": pl.Float64, "residual_rel": pl.Float64, "p_top": pl.Float64, "chosen": pl.Boolean,
                 "n_fa": pl.Int64, "n_languages": pl.Int64, "n_sentences": pl.Int64}
-
-
-def language_group(lang: str, english: str) -> str:
-    """"english", "latin" (another Latin-script language) or "nonlatin"."""
-    if lang == english:
-        return "english"
-    return "latin" if lang.endswith("_Latn") else "nonlatin"
 
 
 def group_languages(langs: Sequence[str], english: str) -> dict[str, list[str]]:
@@ -71,12 +65,6 @@ def importance_sentences(parallel: pl.DataFrame, languages: Sequence[str], n: in
     return pl.concat(out)
 
 
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    from hybridlab.train.distill import decoder_layers
-
-    return decoder_layers(model)
-
-
 @torch.no_grad()
 def score_layers(teacher: nn.Module, mixers: dict[int, nn.Module], sentences: Sequence[Sequence[int]],
                  langs: Sequence[str], sids: Sequence[int], batch_size: int = 8) -> pl.DataFrame:
@@ -86,9 +74,9 @@ def score_layers(teacher: nn.Module, mixers: dict[int, nn.Module], sentences: Se
     student); the teacher's ``self_attn`` of that layer is swapped for it during its forward and put back.
     Batches are right-padded: every model here is causal, so padding after a sentence never reaches it.
     """
-    from hybridlab.train.distill import AttentionCapture
+    from hybridlab.train.distill import AttentionCapture, decoder_layers
 
-    layers = _decoder_layers(teacher)
+    layers = decoder_layers(teacher)
     order = sorted(mixers)
     bad = [i for i in order if not 0 <= i < len(layers)]
     if bad:

@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
+from hybridlab.data.languages import searched_group
 from hybridlab.errors import HybridlabError
 
 PLACEMENTS: tuple[str, ...] = (
@@ -44,21 +45,6 @@ PLACEMENTS: tuple[str, ...] = (
 EXPLICIT = "explicit"
 ALL_MIXERS = "all_mixers"
 FULL_ATTENTION = "full_attention"
-# Language groups a searched placement can be chosen for: every language, English, the other Latin-script
-# languages, the languages in other scripts (`language_group`).
-SEARCH_GROUPS: tuple[str, ...] = ("all", "english", "latin", "nonlatin")
-SEARCHED: tuple[str, ...] = ("searched",) + tuple(f"searched_{g}" for g in SEARCH_GROUPS[1:])
-
-
-def searched_group(placement: str) -> str | None:
-    """The language group a searched placement is chosen for ("searched" -> "all"); None for other schemes."""
-    if placement == "searched":
-        return "all"
-    if placement in SEARCHED:
-        return placement.removeprefix("searched_")
-    return None
-
-
 def top_layers(scores: Sequence[float], n: int) -> list[int]:
     """Sorted indices of the `n` highest scores (a tie goes to the lower layer index)."""
     if not 1 <= n <= len(scores):
