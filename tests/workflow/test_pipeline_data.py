@@ -53,10 +53,10 @@ def test_dry_run_lists_every_phase(dry_run, scale):
     counts = dry_run(scale)
     for phase, rules in PHASE_RULES.items():
         assert rules <= set(counts), f"{phase} rules missing from the {scale} DAG: {rules - set(counts)}"
-    # placements x teachers x 1 mixer x replicate seeds: smoke runs 2 placements, the rehearsal those 2 and
-    # searched_nonlatin, tiny the 5 fixed ones and searched, paper also the 3 per-group searched ones
+    # placements x teachers x 1 mixer x replicate seeds: smoke runs 2 placements, the rehearsal standard periodic
+    # and searched_nonlatin, tiny the 5 fixed ones and searched, paper also the 3 per-group searched ones
     n_teachers = 2 if scale in ("paper", "rehearsal") else 1
-    n_students = {"smoke": 2, "rehearsal": 3, "tiny": 6, "paper": 9}[scale] * n_teachers
+    n_students = {"smoke": 2, "rehearsal": 2, "tiny": 6, "paper": 9}[scale] * n_teachers
     n_seeds = 3 if scale in ("tiny", "paper") else 1
     # a preset with a searched placement converts and aligns one all_mixers student per teacher x mixer too
     n_importance = 0 if scale == "smoke" else n_teachers
