@@ -511,6 +511,7 @@ def layer_importance(table: pl.DataFrame):
             for r in g.iter_rows(named=True):
                 kl[groups.index(r["group"]), r["layer"]] = r["kl"]
             image = ax.imshow(np.log10(np.maximum(kl, 1e-6)), aspect="auto", cmap="viridis")
+            ax.grid(False)
             for r in g.iter_rows(named=True):
                 y, x = groups.index(r["group"]), r["layer"]
                 if r["chosen"]:
