@@ -203,7 +203,7 @@ TRAIN_THREADS = 8 if ON_GPU else 1
 # the local scheduler started the 24 BLD-SR arms before the tokenizer, so the teacher, the longest single job
 # and the head of the whole distillation chain, started only after all of them. Data, then the teacher, then
 # the Spaced Retrieval runs and their one retrieval-score job (which overlaps with distillation), then
-# distillation; the per-study evaluations and the figures fill the end, the longest evaluation (SoftCKA, every model x
+# distillation, the layer importance pass first (every searched placement waits for it); the per-study evaluations and the figures fill the end, the longest evaluation (SoftCKA, every model x
 # language x layer) first among them: it was the last job of the tiny build, running alone for 80 s.
 PRIORITY = {
     "data": 100,
@@ -212,6 +212,7 @@ PRIORITY = {
     "bld_sr": 50,
     "bld_nl": 45,
     "nl_eval": 40,
+    "importance": 35,
     "distill": 30,
     "softcka": 25,
     "eval": 20,
@@ -384,7 +385,6 @@ def student_dir(teacher, placement, mixer, seed):
 # then eval_layer_importance swaps its mixers in one layer at a time.
 SEARCHED_PLACEMENTS = [p for p in PLACEMENTS if searched_group(p) is not None]
 IMPORTANCE_RUNS = [(t, m) for t in TEACHERS for m in MIXERS] if SEARCHED_PLACEMENTS else []
-CONVERTED_PLACEMENTS = PLACEMENTS + [ALL_MIXERS]
 
 
 def importance_table(teacher, mixer):

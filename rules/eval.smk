@@ -390,7 +390,7 @@ rule eval_layer_importance:
         BENCH("eval", "layer_importance_{teacher}_{mixer}")
     wildcard_constraints:
         mixer="gdn|kda|gla",
-    priority: PRIORITY["distill"]
+    priority: PRIORITY["importance"]
     conda:
         CUDA_ENV
     threads: TRAIN_THREADS

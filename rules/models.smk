@@ -44,7 +44,7 @@ rule teacher:
 
 rule convert:
     """Replace the attention of every non-full-attention layer with a mixer that inherits q/k/v/o (a searched
-    placement's FA layers come from its layer importance table; all_mixers keeps none)."""
+    placement's FA layers come from its layer importance table)."""
     input:
         teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
         importance=convert_importance,
@@ -58,7 +58,7 @@ rule convert:
     benchmark:
         BENCH("models", "convert_{teacher}_{placement}-{mixer}_seed{seed}")
     wildcard_constraints:
-        placement="|".join(CONVERTED_PLACEMENTS),
+        placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
     priority: PRIORITY["distill"]
@@ -83,6 +83,16 @@ rule convert:
     shell:
         "python workflow_scripts/convert_student.py --params {params.cfg:q} --teacher {params.teacher} "
         "--out {params.out} {params.importance} > {log} 2>&1"
+
+
+# The layer importance pass's student (every layer converted) and its stage 1 (rules/train.smk) start as soon as
+# the teacher exists: every searched placement waits for them.
+use rule convert as importance_convert with:
+    wildcard_constraints:
+        placement=ALL_MIXERS,
+        mixer="gdn|kda|gla",
+        seed=SEED_RE,
+    priority: PRIORITY["importance"]
 
 
 rule models:

@@ -2,8 +2,7 @@
 
 
 rule distill_stage1:
-    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only); the
-    all_mixers student's run gives the layer importance pass its mixers."""
+    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only)."""
     input:
         student=[
             R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
@@ -18,7 +17,7 @@ rule distill_stage1:
     benchmark:
         BENCH("train", "distill_stage1_{teacher}_{placement}-{mixer}_seed{seed}")
     wildcard_constraints:
-        placement="|".join(CONVERTED_PLACEMENTS),
+        placement="|".join(PLACEMENTS),
         mixer="gdn|kda|gla",
         seed=SEED_RE,
     priority: PRIORITY["distill"]
@@ -38,6 +37,14 @@ rule distill_stage1:
     shell:
         "{params.launch} workflow_scripts/distill.py --stage 1 --params {params.cfg:q} --teacher {params.teacher} "
         "--student {params.student} --mixture {params.mixture} --work {params.work} --out {params.out} > {log} 2>&1"
+
+
+use rule distill_stage1 as importance_stage1 with:
+    wildcard_constraints:
+        placement=ALL_MIXERS,
+        mixer="gdn|kda|gla",
+        seed=SEED_RE,
+    priority: PRIORITY["importance"]
 
 
 rule distill_stage2:
