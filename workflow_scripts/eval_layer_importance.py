@@ -1,7 +1,7 @@
 """Layer importance of one teacher x mixer: each layer's attention replaced alone by its stage-1 mixer.
 
 Writes `--out` (parquet, one row per group x layer: teacher, mixer, group, layer, kl, kl_lo, kl_hi, residual,
-residual_rel, p_top, chosen, n_fa, n_languages, n_sentences) and `--rows` (one row per layer x sentence: the
+residual_lo, residual_hi, residual_rel, p_top, chosen, n_fa, n_languages, n_sentences) and `--rows` (one row per layer x sentence: the
 summed KL and residual terms). Definitions: `hybridlab.eval.layer_importance`. The searched placements'
 conversions read `--out`.
 """

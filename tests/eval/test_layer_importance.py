@@ -62,6 +62,8 @@ def test_group_scores_weigh_languages_equally():
     assert by[("all", 0)]["kl"] == pytest.approx((1.0 + 3.0) / 2)  # not the token-pooled 28/12
     assert by[("latin", 0)]["kl"] == pytest.approx(3.0) and by[("english", 1)]["kl"] == pytest.approx(0.5)
     assert by[("all", 0)]["residual"] == pytest.approx((1.0 + 1.0) / 2)
+    # French's residual is 1 per token in both sentences: its interval is the point
+    assert by[("latin", 0)]["residual_lo"] == pytest.approx(1.0) == by[("latin", 0)]["residual_hi"]
     assert by[("english", 0)]["residual_rel"] == pytest.approx(0.5)
     assert by[("all", 0)]["chosen"] and not by[("all", 1)]["chosen"]
     assert by[("all", 0)]["p_top"] == 1.0  # layer 0 beats layer 1 in every sentence

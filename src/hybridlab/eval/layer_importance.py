@@ -19,8 +19,8 @@ Definitions (docs/methods.md, "Searched placements"):
   group's languages (each language weighs the same whatever its tokenizer fertility). Groups: ``all``,
   ``english``, ``latin`` (other Latin-script languages), ``nonlatin`` (every other script).
 - **Intervals**: a bootstrap over sentences, stratified by language (each replicate redraws every
-  language's sentences): the 95 % percentile interval of each layer's score, and ``p_top``, how often the
-  layer is among the n highest (n = the placements' FA count). ``chosen``: the point estimate's top n.
+  language's sentences): the 95 % percentile interval of each layer's score and residual, and ``p_top``, how
+  often the layer is among the n highest (n = the placements' FA count). ``chosen``: the point estimate's top n.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from hybridlab.models.placements import top_layers
 ROW_SCHEMA = {"layer": pl.Int64, "lang": pl.String, "sid": pl.Int64, "kl_tokens": pl.Int64, "kl_sum": pl.Float64,
               "res_tokens": pl.Int64, "res_sum": pl.Float64, "ref_sum": pl.Float64}
 SCORE_SCHEMA = {"group": pl.String, "layer": pl.Int64, "kl": pl.Float64, "kl_lo": pl.Float64, "kl_hi": pl.Float64,
-                "residual": pl.Float64, "residual_rel": pl.Float64, "p_top": pl.Float64, "chosen": pl.Boolean,
-                "n_fa": pl.Int64, "n_languages": pl.Int64, "n_sentences": pl.Int64}
+                "residual": pl.Float64, "residual_lo": pl.Float64, "residual_hi": pl.Float64,
+                "residual_rel": pl.Float64, "p_top": pl.Float64, "chosen": pl.Boolean, "n_fa": pl.Int64,
+                "n_languages": pl.Int64, "n_sentences": pl.Int64}
 
 
 def group_languages(langs: Sequence[str], english: str) -> dict[str, list[str]]:
@@ -155,11 +156,12 @@ def group_scores(rows: pl.DataFrame, english: str, n_fa: int, *, n_boot: int = 2
     counts = {lang: rng.multinomial(s[0].shape[1], np.full(s[0].shape[1], 1 / s[0].shape[1]), size=n_boot)
               for lang, s in sums.items()}
 
-    def lang_means(lang, weights=None):
-        kl, n, *_ = sums[lang]
+    def lang_means(lang, weights=None, residual=False):
+        kl, n, res, n_res, _ = sums[lang]
+        value, count = (res, n_res) if residual else (kl, n)
         if weights is None:
-            return kl.sum(1) / n.sum(1)  # [layer]
-        return (weights @ kl.T) / (weights @ n.T)  # [n_boot, layer]
+            return value.sum(1) / count.sum(1)  # [layer]
+        return (weights @ value.T) / (weights @ count.T)  # [n_boot, layer]
 
     out = []
     alpha = (1 - level) / 2
@@ -172,12 +174,15 @@ def group_scores(rows: pl.DataFrame, english: str, n_fa: int, *, n_boot: int = 2
         for b in range(n_boot):
             for i in top_layers(boot[b].tolist(), n_fa):
                 top_hits[i] += 1
-        res = np.mean([sums[lang][2].sum(1) / sums[lang][3].sum(1) for lang in members], axis=0)
+        res = np.mean([lang_means(lang, residual=True) for lang in members], axis=0)
+        res_lo, res_hi = np.quantile(np.mean([lang_means(lang, counts[lang], residual=True) for lang in members],
+                                             axis=0), [alpha, 1 - alpha], axis=0)
         rel = np.mean([sums[lang][2].sum(1) / np.maximum(sums[lang][4].sum(1), 1e-30) for lang in members], axis=0)
         n_sent = sum(sums[lang][0].shape[1] for lang in members)
         for i, layer in enumerate(layers):
             out.append({"group": group, "layer": layer, "kl": float(point[i]), "kl_lo": float(lo[i]),
-                        "kl_hi": float(hi[i]), "residual": float(res[i]), "residual_rel": float(rel[i]),
+                        "kl_hi": float(hi[i]), "residual": float(res[i]), "residual_lo": float(res_lo[i]),
+                        "residual_hi": float(res_hi[i]), "residual_rel": float(rel[i]),
                         "p_top": float(top_hits[i] / n_boot), "chosen": i in chosen, "n_fa": n_fa,
                         "n_languages": len(members), "n_sentences": n_sent})
     return pl.DataFrame(out, schema=SCORE_SCHEMA)
