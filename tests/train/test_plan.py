@@ -165,7 +165,7 @@ def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
 
     disks = {d.job: d for d in disk_plan.disk_preset(cfgmod.load("config.yaml", {"scale": "paper"}))}
     s2 = disks["distill_stage2 Qwen--Qwen3-4B gdn"]
-    assert s2.kept == 1 and s2.runs == 15  # 5 placements x 3 seeds
+    assert s2.kept == 1 and s2.runs == 27  # 9 placements (5 fixed, 4 searched) x 3 seeds
     assert 50e9 < s2.checkpoint_bytes < 65e9 and s2.checkpoint_bytes == 3 * s2.final_bytes  # 12 vs 4 bytes a weight
     assert disks["distill_stage1 Qwen--Qwen3-4B gdn"].checkpoint_bytes < s2.checkpoint_bytes
     assert all(d.kept == 1 for d in disks.values())

@@ -96,13 +96,13 @@ def test_paper_dag_builds_one_mixture_per_tokenizer_and_routes_teachers():
             teacher = _arg(b, "--teacher").split("/")[-1]
             assert _arg(b, "--mixture") == f"results/data/paper/mixture/{own[teacher]}/multilingual", b[:300]
             n += teacher == GRANITE
-    assert n == 30  # 5 placements x 1 mixer x 3 seeds x 2 stages
+    assert n == 54  # 9 placements (5 fixed, 4 searched) x 1 mixer x 3 seeds x 2 stages
     assert all(_arg(b, "--mixture") == "results/data/paper/mixture/qwen3/english" for b in jobs["bld_nl"])
     # one lm-eval job per model, each with its own tokenizer
     lm = jobs["eval_lm_benchmarks"]
     models = [m for b in lm for m in re.search(r"--models (.*?) --tokenizer", b).group(1).split()]
     toks = [t for b in lm for t in re.search(r"--tokenizer (.*?) --work", b).group(1).split()]
-    assert len(lm) == len(models) == len(toks) == 2 + 10 + 30  # teachers, students, BLD-NL arms (5 sizes x 6)
+    assert len(lm) == len(models) == len(toks) == 2 + 18 + 30  # teachers, students (9 placements), BLD-NL sizes x 6
     for m, t in zip(models, toks):
         if "/bld_nl/" in m:
             assert t == "results/data/paper/tokenizer/qwen3"
