@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from hybridlab.errors import HybridlabError
+from hybridlab.data.languages import language_group
 from hybridlab.eval.layer_importance import (ROW_SCHEMA, group_languages, group_scores, importance_sentences,
-                                             language_group, score_layers, searched_layers)
+                                             score_layers, searched_layers)
 from hybridlab.models.placements import fa_layers, searched_group, top_layers
 from tiny_models import tiny_qwen3
 

@@ -32,8 +32,8 @@ import polars as pl
 import torch
 from torch import nn
 
+from hybridlab.data.languages import SEARCH_GROUPS, language_group
 from hybridlab.errors import HybridlabError
-from hybridlab.data.languages import SEARCH_GROUPS, language_group  # noqa: F401  (re-exported)
 from hybridlab.models.placements import top_layers
 
 ROW_SCHEMA = {"layer": pl.Int64, "lang": pl.String, "sid": pl.Int64, "kl_tokens": pl.Int64, "kl_sum": pl.Float64,
@@ -96,9 +96,11 @@ def score_layers(teacher: nn.Module, mixers: dict[int, nn.Module], sentences: Se
             lengths = [len(s) for s in batch]
             width = max(lengths)
             ids = torch.tensor([s + [0] * (width - len(s)) for s in batch], device=device)
-            real = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+            n = torch.tensor(lengths, device=device)
+            real = torch.arange(width, device=device)[None, :] < n[:, None]
             scored = real.clone()
-            scored[torch.arange(len(batch)), torch.tensor(lengths, device=device) - 1] = False  # no next token
+            scored[torch.arange(len(batch)), n - 1] = False  # the last token predicts nothing in the sentence
+            kl_tokens = scored.sum(-1).tolist()
             capture.clear()
             logp_t = torch.log_softmax(teacher(input_ids=ids).logits.float(), dim=-1)
             p_t = logp_t.exp()
@@ -119,14 +121,12 @@ def score_layers(teacher: nn.Module, mixers: dict[int, nn.Module], sentences: Se
                     hook.remove()
                 capture.clear()
                 ref = outputs[layer].float()
-                res = (seen["y"].float() - ref).pow(2).sum(-1) * real
-                ref2 = ref.pow(2).sum(-1) * real
-                kl = (p_t * (logp_t - logp_r)).sum(-1) * scored
-                for j in range(len(batch)):
-                    rows.append({"layer": layer, "lang": langs[b0 + j], "sid": int(sids[b0 + j]),
-                                 "kl_tokens": int(scored[j].sum()), "kl_sum": float(kl[j].sum()),
-                                 "res_tokens": lengths[j], "res_sum": float(res[j].sum()),
-                                 "ref_sum": float(ref2[j].sum())})
+                res = ((seen["y"].float() - ref).pow(2).sum(-1) * real).sum(-1).tolist()
+                ref2 = (ref.pow(2).sum(-1) * real).sum(-1).tolist()
+                kl = ((p_t * (logp_t - logp_r)).sum(-1) * scored).sum(-1).tolist()
+                rows += [{"layer": layer, "lang": langs[b0 + j], "sid": int(sids[b0 + j]), "kl_tokens": kl_tokens[j],
+                          "kl_sum": kl[j], "res_tokens": lengths[j], "res_sum": res[j], "ref_sum": ref2[j]}
+                         for j in range(len(batch))]
     finally:
         capture.remove()
     return pl.DataFrame(rows, schema=ROW_SCHEMA)

@@ -482,6 +482,7 @@ def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
     `uncertainty.paired_row_comparison` (seed t-interval, paired on the held-out rows), expected sign "-":
     the placement chosen from data is the better one.
     """
+    from hybridlab.data.languages import searched_group
     from hybridlab.plots import uncertainty as U
 
     out = []
@@ -495,7 +496,7 @@ def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
                           math.nan, math.nan, "bootstrap over sentences (a frequency, no interval)", 1, "", math.nan,
                           "layer_importance", note, verdict=stats.INCONCLUSIVE))
     have = rows.filter(pl.col("placement").is_not_null())
-    searched = sorted(p for p in have["placement"].unique().to_list() if p.startswith("searched"))
+    searched = sorted(p for p in have["placement"].unique().to_list() if searched_group(p) is not None)
     for (teacher, mixer), g in have.group_by(["teacher", "mixer"], maintain_order=True):
         for arm in searched:
             a = g.filter(pl.col("placement") == arm)
