@@ -2,7 +2,8 @@
 
 Writes `--out` (tidy parquet), one row per (model, pair, kind, layer, lang): model, pair, role, kind (hidden |
 attn_delta), layer, layer_type, lang, cka, cka_lo, cka_hi, cka_debiased, alignment, alignment_lo, alignment_hi,
-alignment_method, alignment_gram_rows, n_sentences, method, sigma_eng, sigma_x, sigma_pair, sigma_convention.
+alignment_method, alignment_gram_rows, alignment_pooled, language_offset, language_offset_lo, language_offset_hi, mmd,
+n_sentences, method, sigma_eng, sigma_x, sigma_pair, sigma_convention.
 Definitions and the method: `hybridlab.eval.softcka.softcka_table` and the `hybridlab.eval.softcka` module.
 """
 

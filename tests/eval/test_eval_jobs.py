@@ -84,7 +84,8 @@ def _analysis_params(tiny, section, cfg):
 
 SOFTCKA_COLUMNS = ["model", "pair", "role", "kind", "layer", "layer_type", "lang", "cka", "cka_lo", "cka_hi",
                    "cka_debiased", "alignment", "alignment_lo", "alignment_hi", "alignment_method",
-                   "alignment_gram_rows", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
+                   "alignment_gram_rows", "alignment_pooled", "language_offset", "language_offset_lo",
+                   "language_offset_hi", "mmd", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
                    "sigma_convention"]
 
 

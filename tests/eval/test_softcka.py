@@ -8,9 +8,12 @@ from hybridlab.eval.softcka import (
     center_gram,
     cka_from_grams,
     flatten_sets,
+    language_offset,
     median_sigma,
+    offset_bootstrap,
     pair_alignment,
     pair_alignment_gram_rows,
+    pooled_pair_alignment,
     rff_error_bound,
     rff_sentence_gram,
     sentence_gram,
@@ -175,7 +178,7 @@ def _naive_set_kernel(A, B, sigma):
     return total / (len(A) * len(B))
 
 
-def _naive_kme_alignment(en, x, sigma):
+def _naive_pooled_alignment(en, x, sigma):
     """Per pair, by loops: k~(A, B) = k(A, B) - mean_j k(A, S_j) - mean_j k(S_j, B) + mean_jl k(S_j, S_l)
     over the 2N pooled sets, cos_i = k~(E_i, X_i) / sqrt(k~(E_i, E_i) k~(X_i, X_i))."""
     pooled = list(en) + list(x)
@@ -192,19 +195,33 @@ def _naive_kme_alignment(en, x, sigma):
     return [kt(e, xx) / math.sqrt(kt(e, e) * kt(xx, xx)) for e, xx in zip(en, x)]
 
 
+def _naive_pair_alignment(en, x, sigma):
+    """Per pair, by loops, each language centred on its own sets: k~(A, B) = k(A, B) - mean_{S in lang(B)}
+    k(A, S) - mean_{S in lang(A)} k(S, B) + mean_{S in lang(A), T in lang(B)} k(S, T)."""
+    def k(A, B):
+        return _naive_set_kernel(A, B, sigma)
+
+    def kt(A, LA, B, LB):
+        return (k(A, B) - sum(k(A, S) for S in LB) / len(LB) - sum(k(S, B) for S in LA) / len(LA)
+                + sum(k(S, T) for S in LA for T in LB) / (len(LA) * len(LB)))
+
+    return [kt(e, en, xx, x) / math.sqrt(kt(e, en, e, en) * kt(xx, x, xx, x)) for e, xx in zip(en, x)]
+
+
 def _naive_median_distance(sets):
     pts = [p for s in sets for p in s.tolist()]
     d = sorted(math.dist(pts[i], pts[j]) for i in range(len(pts)) for j in range(i + 1, len(pts)))
     return d[(len(d) - 1) // 2]  # torch.median: the lower middle value
 
 
-def test_pair_alignment_matches_naive_loops_on_a_2d_toy():
+def test_pair_alignment_and_pooled_variant_match_naive_loops_on_a_2d_toy():
     sigma = 1.0
-    want = _naive_kme_alignment(TOY_EN, TOY_X, sigma)
+    want = _naive_pair_alignment(TOY_EN, TOY_X, sigma)
+    want_pooled = _naive_pooled_alignment(TOY_EN, TOY_X, sigma)
     flat, off = flatten_sets(TOY_EN + TOY_X)
     G, _ = sentence_gram(flat, off, sigma)
-    got = pair_alignment(G)
-    assert got.tolist() == pytest.approx(want, rel=1e-5)
+    assert pair_alignment(G).tolist() == pytest.approx(want, rel=1e-5)
+    assert pooled_pair_alignment(G).tolist() == pytest.approx(want_pooled, rel=1e-5)
     # a hand check of one entry of the pooled Gram: k(E_1, X_0) = mean of the four token-pair kernels
     d2 = [(1 - 0) ** 2 + (0 - 0.5) ** 2, (1 - 0.5) ** 2, (1 - 0) ** 2 + (1 - 0.5) ** 2, (1 - 0.5) ** 2 + 1]
     assert float(G[1, 3]) == pytest.approx(sum(math.exp(-v / 2) for v in d2) / 4, rel=1e-6)
@@ -219,8 +236,76 @@ def test_pair_alignment_matches_naive_loops_on_a_2d_toy():
         old.append(float(u @ v / (u.norm() * v.norm())))
     old = torch.tensor(old, dtype=torch.float64)
     assert old.tolist() == pytest.approx([0.88138, 0.99249, 0.86471], abs=1e-4)
-    assert want == pytest.approx([0.87343, 0.77009, 0.89591], abs=1e-4)
-    assert float((old - torch.tensor(want, dtype=torch.float64)).abs().max()) > 0.2
+    assert want_pooled == pytest.approx([0.87343, 0.77009, 0.89591], abs=1e-4)
+    assert float((old - torch.tensor(want_pooled, dtype=torch.float64)).abs().max()) > 0.2
+
+
+def _embedding_gram(mu_E, mu_X):
+    """The pooled Gram of explicit kernel mean embeddings (rows: English then language X)."""
+    phi = torch.cat([mu_E, mu_X]).double()
+    return phi @ phi.T
+
+
+def test_a_constant_shift_of_one_language_keeps_pair_alignment_and_grows_the_offset():
+    # explicit embeddings (a linear kernel's feature space): language X = English rotated a little + noise
+    g = torch.Generator().manual_seed(0)
+    mu_E = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    mu_X = mu_E + 0.3 * torch.randn(12, 5, generator=g, dtype=torch.float64)
+    base = _embedding_gram(mu_E, mu_X)
+    v = torch.tensor([1.0, -2.0, 0.5, 0.0, 1.0], dtype=torch.float64)
+    offsets, pooled = [], []
+    for c in (0.0, 1.0, 3.0):
+        G = _embedding_gram(mu_E, mu_X + c * v)
+        torch.testing.assert_close(pair_alignment(G), pair_alignment(base))
+        offsets.append(language_offset(G))
+        pooled.append(float(pooled_pair_alignment(G).mean()))
+    # hand-computed: MMD = ||mean(mu_E) - mean(mu_X) - c v||; spread^2 = mean squared distance to own mean
+    for c, o in zip((0.0, 1.0, 3.0), offsets):
+        d = mu_E.mean(0) - (mu_X + c * v).mean(0)
+        s2 = (((mu_E - mu_E.mean(0)) ** 2).sum(1).mean() + ((mu_X - mu_X.mean(0)) ** 2).sum(1).mean()) / 2
+        assert o.mmd == pytest.approx(float(d.norm()), rel=1e-9)
+        assert o.offset == pytest.approx(float(d.norm() / s2.sqrt()), rel=1e-9)
+    assert offsets[0].offset < offsets[1].offset < offsets[2].offset
+    # the pooled centring mistakes the offset for misalignment
+    assert pooled[0] > 0.9 and pooled[2] < pooled[0] - 0.3
+    # the per-pair values, by hand: cosine of the mean-removed embeddings
+    e, x = mu_E - mu_E.mean(0), mu_X - mu_X.mean(0)
+    torch.testing.assert_close(pair_alignment(base), (e * x).sum(1) / (e.norm(dim=1) * x.norm(dim=1)))
+
+
+def test_pair_alignment_identical_inputs_give_one_and_zero_offset_unrelated_near_zero():
+    sets, _ = _structured_sets(n_sent=40, seed=12)
+    same = soft_cka(sets, sets)
+    assert same.alignment == pytest.approx(1.0, abs=1e-9)
+    assert same.alignment_pooled == pytest.approx(1.0, abs=1e-9)
+    assert same.language_offset == pytest.approx(0.0, abs=1e-6) and same.mmd == pytest.approx(0.0, abs=1e-6)
+    a, _ = _structured_sets(n_sent=40, seed=13)
+    b, _ = _structured_sets(n_sent=40, seed=14)
+    r = soft_cka(a, b)
+    assert abs(r.alignment) < 0.05  # ~0 for unrelated pairs
+
+
+def test_a_token_shift_of_one_language_moves_the_offset_more_than_the_pair_alignment():
+    # the RBF kernel: translating one language's token vectors is not a constant shift of its embeddings,
+    # so pair alignment moves too, but far less than the pooled form, while the offset grows
+    en, _ = _structured_sets(n_sent=48, seed=3)
+    x = _retokenise(en, seed=5)
+    rs = [soft_cka(en, [t + c for t in x]) for c in (0.0, 1.0, 2.0)]
+    assert rs[0].language_offset < rs[1].language_offset < rs[2].language_offset
+    drop_pair = rs[0].alignment - rs[2].alignment
+    drop_pooled = rs[0].alignment_pooled - rs[2].alignment_pooled
+    assert 0 <= drop_pair < 0.5 * drop_pooled
+
+
+def test_offset_bootstrap_brackets_its_estimate():
+    en, _ = _structured_sets(n_sent=32, seed=6)
+    x = [t + 0.8 for t in _retokenise(en, seed=7)]
+    r = soft_cka(en, x, n_boot=200)
+    assert r.language_offset_lo <= r.language_offset <= r.language_offset_hi
+    flat, off = flatten_sets(en + x)
+    G, _ = sentence_gram(flat, off, r.sigma_pair)
+    ci = offset_bootstrap(G, 50, seed=1)
+    assert ci.estimate == pytest.approx(language_offset(G).offset, rel=1e-12)
 
 
 def test_soft_cka_kme_alignment_uses_one_pooled_bandwidth_and_matches_naive_loops():
@@ -230,20 +315,12 @@ def test_soft_cka_kme_alignment_uses_one_pooled_bandwidth_and_matches_naive_loop
     sigma_pair = _naive_median_distance(en + x)
     assert r.sigma_pair == pytest.approx(sigma_pair, rel=1e-6)
     assert r.alignment_method == "kme" and r.sigma_convention == "median_distance"
-    assert r.alignment == pytest.approx(sum(_naive_kme_alignment(en, x, sigma_pair)) / 4, rel=1e-5)
+    assert r.alignment == pytest.approx(sum(_naive_pair_alignment(en, x, sigma_pair)) / 4, rel=1e-5)
+    assert r.alignment_pooled == pytest.approx(sum(_naive_pooled_alignment(en, x, sigma_pair)) / 4, rel=1e-5)
     rows = soft_cka(en, x, alignment="gram_rows")
     assert rows.alignment == rows.alignment_gram_rows == pytest.approx(r.alignment_gram_rows, abs=1e-12)
-    assert rows.sigma_pair is None
+    assert rows.sigma_pair is None and math.isnan(rows.language_offset) and math.isnan(rows.alignment_pooled)
     assert abs(rows.alignment - r.alignment) > 0.05
-
-
-def test_pair_alignment_identical_inputs_give_one_and_unrelated_near_zero():
-    sets, _ = _structured_sets(n_sent=40, seed=12)
-    assert soft_cka(sets, sets).alignment == pytest.approx(1.0, abs=1e-9)
-    a, _ = _structured_sets(n_sent=40, seed=13)
-    b, _ = _structured_sets(n_sent=40, seed=14)
-    r = soft_cka(a, b)
-    assert abs(r.alignment) < 0.05  # ~0 for unrelated pairs
 
 
 def test_pair_alignment_gram_rows_matches_per_row_cosine_without_diagonal():

@@ -37,7 +37,8 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     t = pl.read_parquet(work / "results/eval/smoke/softcka.parquet")
     assert t.columns == ["model", "pair", "role", "kind", "layer", "layer_type", "lang", "cka", "cka_lo", "cka_hi",
                          "cka_debiased", "alignment", "alignment_lo", "alignment_hi", "alignment_method",
-                         "alignment_gram_rows", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
+                         "alignment_gram_rows", "alignment_pooled", "language_offset", "language_offset_lo",
+                   "language_offset_hi", "mmd", "n_sentences", "method", "sigma_eng", "sigma_x", "sigma_pair",
                          "sigma_convention"]
     assert (t["cka_lo"] <= t["cka_hi"]).all() and t["cka_lo"].is_not_nan().all()  # smoke: softcka.n_boot 100
     # the gather's record names the models; the settings are in each per-model job's record
@@ -78,6 +79,8 @@ def test_softcka_table_matches_a_direct_computation(analysis):
     assert row["cka_debiased"] == pytest.approx(ref.cka_debiased, abs=1e-6)
     assert row["alignment"] == pytest.approx(ref.alignment, abs=1e-6)
     assert row["alignment_gram_rows"] == pytest.approx(ref.alignment_gram_rows, abs=1e-6)
+    assert row["alignment_pooled"] == pytest.approx(ref.alignment_pooled, abs=1e-6)
+    assert row["language_offset"] == pytest.approx(ref.language_offset, abs=1e-6) and row["language_offset"] > 0
     assert row["sigma_pair"] == pytest.approx(ref.sigma_pair, rel=1e-6) and row["alignment_method"] == "kme"
 
 

@@ -33,9 +33,11 @@ class SoftCka:
     layers_per_pass: NonNegInt = req("layers captured per forward pass (0: all)")
     sigma_convention: Literal["median_distance", "median_sq_distance"] = opt(
         "median_distance", "RBF bandwidth: the median distance or the median squared distance")
-    alignment: Literal["kme", "gram_rows"] = opt("kme", "alignment statistic")
-    n_boot: NonNegInt = opt(0, "bootstrap replicates over sentences for cka_lo/hi and alignment_lo/hi "
-                            "(0: no interval)")
+    alignment: Literal["kme", "gram_rows"] = opt(
+        "kme", "alignment statistic (kme: pair alignment, language offset and the pooled variant from one pooled "
+        "Gram; gram_rows: cosine of centred Gram rows only)")
+    n_boot: NonNegInt = opt(0, "bootstrap replicates over sentences for cka_lo/hi, alignment_lo/hi and "
+                            "language_offset_lo/hi (0: no interval)")
 
 
 @dataclass(kw_only=True)

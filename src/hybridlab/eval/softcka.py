@@ -24,16 +24,30 @@ Definitions (this project's; docs/methods.md, "SoftCKA and pair alignment"):
   This plain (biased) estimator is positive even for unrelated data at small N (the diagonal of both
   Grams is large; independent random sets give ~0.1 at N = 64); `cka_debiased` reports CKA with the
   unbiased HSIC estimator of Song et al. (2012), which is ~0 for unrelated data. Both are reported.
-- Pair alignment (default `alignment="kme"`, the design's definition): per translation pair i, the
-  centred cosine of the kernel mean embeddings of S_i^EN and S_i^X in the model's ONE representation
-  space. The 2N sets of both languages are pooled (S_1..S_N English, S_{N+1}..S_{2N} language X) with
-  ONE bandwidth sigma_pair (the same median heuristic and convention over the pooled tokens of both
-  languages), G[p, q] = k(S_p, S_q) is their 2N x 2N set-kernel Gram (the off-diagonal blocks are the
-  cross-language kernel k(S_i^EN, S_j^X)), and the centring subtracts the mean embedding of all 2N sets:
-      G~[p, q] = G[p, q] - mean_r G[p, r] - mean_r G[r, q] + mean_{r, s} G[r, s]   (r, s over the 2N sets)
-               = (H G H)[p, q],  H = I - 11^T / (2N),
+- Pair alignment (default `alignment="kme"`, the headline): per translation pair i, the centred cosine of
+  the kernel mean embeddings of S_i^EN and S_i^X in the model's ONE representation space, each language's
+  own mean embedding removed. The 2N sets of both languages are pooled (S_1..S_N English, S_{N+1}..S_{2N}
+  language X) with ONE bandwidth sigma_pair (the same median heuristic and convention over the pooled
+  tokens of both languages); G[p, q] = k(S_p, S_q) is their 2N x 2N set-kernel Gram. With l(p) the
+  language of set p and m_E, m_X the two languages' mean embeddings, the within-language centring is
+      G~[p, q] = <mu_p - m_l(p), mu_q - m_l(q)>
+               = G[p, q] - mean_{r in l(q)} G[p, r] - mean_{r in l(p)} G[r, q] + mean_{r in l(p), s in l(q)} G[r, s],
       alignment_i = G~[i, N+i] / sqrt(G~[i, i] G~[N+i, N+i]),
-  and the corpus value is the mean over i. Identical inputs -> 1; unrelated sets -> ~0.
+  and the corpus value is the mean over i. Identical inputs -> 1; unrelated sets -> ~0; adding one vector
+  to every embedding of one language (an offset between the languages in the kernel's feature space)
+  leaves it unchanged. A translation of one language's TOKEN vectors is not such an offset for the RBF
+  kernel (phi(a + c) is not phi(a) + const), so it changes the value too, but far less than the pooled form.
+- Language offset (`language_offset`): how far apart the two languages' mean embeddings lie relative to the
+  spread of sentences around them, from the same pooled Gram:
+      MMD^2 = ||m_E - m_X||^2 = mean G_EE + mean G_XX - 2 mean G_EX   (blocks of G)
+      s_L^2 = mean_i ||mu_i - m_L||^2 = mean diag G_LL - mean G_LL      (per language)
+      language_offset = sqrt(MMD^2 / ((s_E^2 + s_X^2) / 2)).
+  0 for identical inputs; it grows as one language's embeddings move away from the other's. `mmd` keeps
+  the unnormalised distance.
+- Pooled pair alignment (`alignment_pooled`, the project's earlier headline, kept as a third column): the
+  same cosine with ONE centring over all 2N sets (G~ = H G H, H = I - 11^T / (2N)). It leaves each
+  language's mean embedding in the vectors, so the language offset dominates it: the more a model
+  separates the two languages, the more negative it gets, whatever happens to the translation pairs.
 - Variant `alignment="gram_rows"` (the project's earlier, relational measure, kept as
   `alignment_gram_rows` in every result): the cosine between row i of Kc and row i of Lc with the
   diagonal entry j = i left out. It asks "is sentence i similar to the same OTHER sentences in both
@@ -41,7 +55,7 @@ Definitions (this project's; docs/methods.md, "SoftCKA and pair alignment"):
   Gram, but it is a different quantity: it measures the shape of the similarity structure, not whether
   the two sentences of a pair sit together. Seeded toy corpora (N = 64, tests' `_structured_sets`):
   language X = English re-tokenised gives 0.98 with both; re-tokenised AND rotated (same structure,
-  another space) gives gram_rows 0.98 but kme -0.10 to -0.14; unrelated sets give ~0 with both.
+  another space) gives gram_rows 0.98 but kme -0.12 to -0.02; unrelated sets give ~0 with both.
 
 The sentence Gram matrices (set kernel, bandwidth, exact and random-feature paths) are in
 `hybridlab.eval.softcka_gram`.
@@ -131,20 +145,95 @@ def cka_from_grams(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False, 
     return float((Kc * Lc).sum()) / denom
 
 
-def pair_alignment(pooled_gram: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
-    """The defined pair alignment, per translation pair i ([N]), from the pooled 2N x 2N set-kernel Gram
-    (rows/columns 0..N-1 English, N..2N-1 language X, one bandwidth): centre over the 2N sets
-    (G~ = H G H), then cos_i = G~[i, N+i] / sqrt(G~[i, i] G~[N+i, N+i]). See the module docstring."""
-    G = pooled_gram
+def _check_pooled(G: torch.Tensor) -> int:
     if G.dim() != 2 or G.shape[0] != G.shape[1] or G.shape[0] % 2 or G.shape[0] < 4:
         raise HybridlabError(f"the pooled Gram must be square with 2N >= 4 rows (N English then N language-X "
                              f"sentences), got shape {tuple(G.shape)}; build it from both languages' sets")
-    Gc = G.double() if centered else center_gram(G)
-    n = G.shape[0] // 2
-    idx = torch.arange(n)
-    num_N = Gc[idx, idx + n]
-    den_N = (Gc[idx, idx].clamp_min(0.0) * Gc[idx + n, idx + n].clamp_min(0.0)).sqrt()
+    return G.shape[0] // 2
+
+
+def _cosines(num_N: torch.Tensor, a_N: torch.Tensor, b_N: torch.Tensor) -> torch.Tensor:
+    den_N = (a_N.clamp_min(0.0) * b_N.clamp_min(0.0)).sqrt()
     return num_N / den_N.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def pair_alignment(pooled_gram: torch.Tensor) -> torch.Tensor:
+    """The pair alignment per translation pair i ([N]) from the pooled 2N x 2N set-kernel Gram (rows/columns
+    0..N-1 English, N..2N-1 language X, one bandwidth): each language's own mean embedding removed, then
+    cos_i = G~[i, N+i] / sqrt(G~[i, i] G~[N+i, N+i]). See the module docstring."""
+    n = _check_pooled(pooled_gram)
+    G = pooled_gram.double()
+    to_e_P, to_x_P = G[:, :n].mean(1), G[:, n:].mean(1)  # mean kernel of each set to each language's sets
+    g_ee, g_xx, g_ex = G[:n, :n].mean(), G[n:, n:].mean(), G[:n, n:].mean()
+    idx = torch.arange(n)
+    ee_N = G[idx, idx] - 2.0 * to_e_P[:n] + g_ee
+    xx_N = G[idx + n, idx + n] - 2.0 * to_x_P[n:] + g_xx
+    ex_N = G[idx, idx + n] - to_x_P[:n] - to_e_P[n:] + g_ex
+    return _cosines(ex_N, ee_N, xx_N)
+
+
+def pooled_pair_alignment(pooled_gram: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
+    """The pooled-centring variant per pair ([N]): ONE centring over all 2N sets (G~ = H G H), then the same
+    cosine. It keeps the language offset in the vectors (module docstring); reported as `alignment_pooled`."""
+    n = _check_pooled(pooled_gram)
+    Gc = pooled_gram.double() if centered else center_gram(pooled_gram)
+    idx = torch.arange(n)
+    return _cosines(Gc[idx, idx + n], Gc[idx, idx], Gc[idx + n, idx + n])
+
+
+@dataclass(frozen=True)
+class LanguageOffset:
+    """Distance between the two languages' mean embeddings (`mmd`) and that distance relative to the RMS
+    distance of a sentence's embedding from its own language's mean (`offset`)."""
+
+    offset: float
+    mmd: float
+
+
+def _offset_terms(G: torch.Tensor, p_BN: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(MMD^2, s_E^2, s_X^2) per row of sentence weights p_BN (each row sums to 1; one pair = one weight)."""
+    n = G.shape[0] // 2
+    Gn = G.double().cpu().numpy()
+    ee, xx, ex = Gn[:n, :n], Gn[n:, n:], Gn[:n, n:]
+
+    def quad(M):
+        return ((p_BN @ M) * p_BN).sum(1)
+
+    q_ee, q_xx, q_ex = quad(ee), quad(xx), quad(ex)
+    mmd2 = q_ee + q_xx - 2.0 * q_ex
+    return mmd2, p_BN @ np.diag(ee) - q_ee, p_BN @ np.diag(xx) - q_xx
+
+
+def _offset_from_terms(mmd2, s_e2, s_x2) -> np.ndarray:
+    spread = np.clip((s_e2 + s_x2) / 2.0, 0.0, None)
+    ratio = np.divide(np.clip(mmd2, 0.0, None), spread, out=np.full_like(spread, np.nan), where=spread > 0)
+    return np.sqrt(ratio)
+
+
+def language_offset(pooled_gram: torch.Tensor) -> LanguageOffset:
+    """The language offset of the pooled 2N x 2N set-kernel Gram (module docstring): MMD between the two
+    languages' kernel mean embeddings over the within-language spread."""
+    n = _check_pooled(pooled_gram)
+    p_1N = np.full((1, n), 1.0 / n)
+    mmd2, s_e2, s_x2 = _offset_terms(pooled_gram, p_1N)
+    return LanguageOffset(offset=float(_offset_from_terms(mmd2, s_e2, s_x2)[0]),
+                          mmd=math.sqrt(max(float(mmd2[0]), 0.0)))
+
+
+def offset_bootstrap(pooled_gram: torch.Tensor, n_boot: int, seed: int = 0, level: float = 0.95):
+    """Percentile bootstrap CI of `language_offset` over translation pairs: a replicate resamples the pairs
+    (the same index for both languages) and recomputes the offset from the Gram's blocks with the resampled
+    weights (`stats.bootstrap_ci_indices`)."""
+    from hybridlab.eval.stats import bootstrap_ci_indices
+
+    n = _check_pooled(pooled_gram)
+
+    def offset_of(idx_BN: np.ndarray) -> np.ndarray:
+        B = idx_BN.shape[0]
+        p = np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
+        return _offset_from_terms(*_offset_terms(pooled_gram, p))
+
+    return bootstrap_ci_indices(n, offset_of, n_boot=n_boot, level=level, seed=seed, batched=True)
 
 
 def pair_alignment_gram_rows(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
@@ -167,7 +256,7 @@ class SoftCkaResult:
 
     cka: float  # linear CKA of the centred sentence Gram matrices (the headline value)
     cka_debiased: float  # the same with the unbiased HSIC estimator (~0 for unrelated data)
-    alignment: float  # mean over translation pairs of the `alignment_method` alignment
+    alignment: float  # mean over translation pairs of the `alignment_method` alignment (kme: `pair_alignment`)
     alignment_gram_rows: float  # mean over pairs of `pair_alignment_gram_rows` (always computed; free)
     alignment_method: str  # "kme" (the defined `pair_alignment`) or "gram_rows"
     sigma_eng: float
@@ -182,6 +271,13 @@ class SoftCkaResult:
     cka_hi: float = math.nan
     alignment_lo: float = math.nan
     alignment_hi: float = math.nan
+    # from the same pooled Gram (kme only; NaN for gram_rows): the pooled-centring alignment (a third column,
+    # dominated by the language offset), the language offset with its bootstrap, and the raw MMD
+    alignment_pooled: float = math.nan
+    language_offset: float = math.nan
+    language_offset_lo: float = math.nan
+    language_offset_hi: float = math.nan
+    mmd: float = math.nan
 
 
 def cka_bootstrap(K: torch.Tensor, L: torch.Tensor, n_boot: int, seed: int = 0, level: float = 0.95):
@@ -266,8 +362,12 @@ def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
         pooled_off = torch.cat([e_off, e_off[-1] + x_off[1:]])
         G, sigma_pair = gram((pooled_flat, pooled_off))
         per_pair = pair_alignment(G)
+        off = language_offset(G)
+        pooled = {"alignment_pooled": float(pooled_pair_alignment(G).mean()), "language_offset": off.offset,
+                  "mmd": off.mmd}
     else:
         per_pair = pair_alignment_gram_rows(Kc, Lc, centered=True)
+        pooled = {}
     value = float(per_pair.mean()) if alignment == "kme" else rows
     ci = {}
     if n_boot and n_x >= 2:
@@ -276,7 +376,10 @@ def soft_cka(eng_sets: TokenSets, x_sets: TokenSets, *, method: str = "exact",
         c = cka_bootstrap(K, L, n_boot, seed)
         a = bootstrap_ci(per_pair.double().cpu().numpy(), n_boot=n_boot, seed=seed)
         ci = {"cka_lo": c.lo, "cka_hi": c.hi, "alignment_lo": a.lo, "alignment_hi": a.hi}
-    return SoftCkaResult(**ci, cka=cka_from_grams(Kc, Lc, centered=True),
+        if alignment == "kme":
+            o = offset_bootstrap(G, n_boot, seed)
+            ci |= {"language_offset_lo": o.lo, "language_offset_hi": o.hi}
+    return SoftCkaResult(**ci, **pooled, cka=cka_from_grams(Kc, Lc, centered=True),
                          cka_debiased=cka_from_grams(K, L, debiased=True),
                          alignment=value, alignment_gram_rows=rows, alignment_method=alignment,
                          sigma_eng=sigma_e, sigma_x=sigma_x, sigma_pair=sigma_pair,
@@ -322,9 +425,14 @@ def softcka_table(parallel: "pl.DataFrame", params: "SoftckaJob | dict", *, devi
       lang       - language X (English is the reference and has no row)
       cka        - plain (biased) linear CKA of the sentence Grams; biased upward at small N
       cka_debiased - the same with the unbiased HSIC estimator (~0 for unrelated representations)
-      alignment  - mean per-pair alignment of `alignment_method` (kme: the defined centred cosine of kernel
-                   mean embeddings in one space; gram_rows: cosine of centred Gram rows)
+      alignment  - mean per-pair alignment of `alignment_method` (kme, the headline: the centred cosine of
+                   each pair's kernel mean embeddings in one space, each language's own mean removed;
+                   gram_rows: cosine of centred Gram rows)
       alignment_gram_rows - the gram_rows variant (always reported)
+      alignment_pooled - the kme cosine with one centring over both languages' sets (the language offset
+                   stays in it); kme only, NaN for gram_rows
+      language_offset, language_offset_lo/hi - MMD between the two languages' mean embeddings over the
+                   within-language spread, with its bootstrap over pairs; mmd the raw distance (kme only)
       cka_lo, cka_hi, alignment_lo, alignment_hi - 95 % percentile bootstrap over the N sentences
                    (`n_boot` replicates, seed `seed`; NaN with n_boot 0): CKA recomputed from both Grams'
                    rows and columns at the resampled sentences; the mean of the resampled per-pair alignments
@@ -407,6 +515,10 @@ def softcka_table(parallel: "pl.DataFrame", params: "SoftckaJob | dict", *, devi
                                            "alignment_lo": res.alignment_lo, "alignment_hi": res.alignment_hi,
                                            "alignment_method": res.alignment_method,
                                            "alignment_gram_rows": res.alignment_gram_rows,
+                                           "alignment_pooled": res.alignment_pooled,
+                                           "language_offset": res.language_offset,
+                                           "language_offset_lo": res.language_offset_lo,
+                                           "language_offset_hi": res.language_offset_hi, "mmd": res.mmd,
                                            "n_sentences": res.n_sentences, "method": res.method,
                                            "sigma_eng": res.sigma_eng, "sigma_x": res.sigma_x,
                                            "sigma_pair": res.sigma_pair, "sigma_convention": res.sigma_convention})
