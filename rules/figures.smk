@@ -51,7 +51,13 @@ rule table:
         **job_resources("table"),
     params:
         **_STAMP,
-        cfg=as_json({**_STAMP, "baseline_placement": C["experiments"]["distill"]["baseline_placement"]}),
+        cfg=as_json(
+            {
+                **_STAMP,
+                "baseline_placement": C["experiments"]["distill"]["baseline_placement"],
+                "converged_kl": C["experiments"]["distill"]["converged_kl"],
+            }
+        ),
         caption=lambda wc: CAPTIONS[wc.table],
         tables=lambda wc: _table_args(TABLES[wc.table]),
     shell:

@@ -15,8 +15,8 @@ from hybridlab.config_spec.data_sections import BldNlStream, Heldout, SpacedRetr
 from hybridlab.config_spec.eval_sections import (
     Fertility, HubPair, LayerImportance, LmEval, Niah, PositionLoss, Recency, RetrievalHeads, RetrievalScore, SoftCka)
 from hybridlab.config_spec.fields import (
-    UNSET, Dtype, Fraction, Lang, Langs, Mixer, Name, NonNegInt, Optimizer, Placement, PosInt, Scale, UnitFloat, opt,
-    req)
+    UNSET, Dtype, Fraction, Lang, Langs, Mixer, Name, NonNegFloat, NonNegInt, Optimizer, Placement, PosInt, Scale,
+    UnitFloat, opt, req)
 from hybridlab.config_spec.train_sections import (
     BldNlRun, BldNlSize, BldSrTrain, DistillShared, DistillStage1Settings, DistillStage2Settings, Run)
 from hybridlab.config_spec.tree import BldNlArms, BldNlExperiment
@@ -66,6 +66,8 @@ class FigureJob:
     preset: Scale = opt(UNSET, "the preset (makes the output depend on the configuration)")
     config_hash: str = opt(UNSET, "the configuration's hash (the same)")
     baseline_placement: Placement = opt(UNSET, "tables comparing placements: the one the others are compared with")
+    converged_kl: NonNegFloat = opt(UNSET, "the findings table: the held-out KL to the teacher within which a row "
+                                    "about distilled students is decided (experiments.distill.converged_kl)")
 
 
 @dataclass(kw_only=True)

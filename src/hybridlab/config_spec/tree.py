@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from hybridlab.config_spec.fields import (
-    SEEDS_HELP, UNSET, Fraction, FreezeScope, Lang, Langs, Mixer, NonNegInt, Optimizer, Placement, PosInt,
+    SEEDS_HELP, UNSET, Fraction, FreezeScope, Lang, Langs, Mixer, NonNegFloat, NonNegInt, Optimizer, Placement, PosInt,
     Scale, Schema, Seeds, Study, UnitFloat, opt, req)
 from hybridlab.config_spec.data_sections import Data, LocalSources, Models
 from hybridlab.config_spec.eval_sections import Eval
@@ -37,6 +37,9 @@ class DistillExperiment:
     baseline_placement: Placement = req("the placement the others are compared with")
     conv_init: Literal["random", "identity"] = opt(
         "random", "converted students' q/k/v short convolutions: fla's random init or identity (last tap 1)")
+    converged_kl: NonNegFloat = req(
+        "held-out KL(teacher || student), nats per token, within which every student a finding is about must be "
+        "for the finding to be decided (otherwise: inconclusive, students not converged)")
     seeds: Seeds = opt(UNSET, SEEDS_HELP)
     placement_seeds: dict[str, Seeds] = opt(
         UNSET, "placement -> its replicate seeds, replacing `seeds` for that placement (e.g. more seeds for "

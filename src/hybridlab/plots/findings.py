@@ -55,8 +55,10 @@ from hybridlab.plots.verdicts import (  # noqa: F401  (the shared rules, also us
     _versus_study,
     decide,
     first_fa_margins,
+    gate_convergence,
     is_published,
     pair_models,
+    students_kl,
 )
 
 # --- multilinguality: tokens to target ----------------------------------------------------------------
@@ -132,7 +134,8 @@ def _tokens_rows(distill: pl.DataFrame, stage1: pl.DataFrame | None, baseline: s
         common = dict(study=MULTI, finding="FA-first placements reach standard periodic's final loss with fewer "
                                            "stage-2 tokens (study: about 40 % of its tokens)",
                       comparison=f"{teacher}/{mixer}: {placement} vs {baseline}", definition=definition,
-                      expected=-1, n_seeds=n, source="table_tokens_to_target")
+                      expected=-1, n_seeds=n, source="table_tokens_to_target",
+                      students=((teacher, mixer, placement), (teacher, mixer, baseline)))
         if not censored:
             e, lo, hi, _ = _spread(clean)
             vs = _versus_study(lo, hi, STUDY_STAGE2_FRACTION)
@@ -186,7 +189,8 @@ def _per_language_rows(tests: pl.DataFrame, baseline: str, english: str) -> list
                         "share of non-English languages whose held-out CE is below the baseline's (English "
                         "excluded, ties dropped), minus 0.5", +1, effect, lo, hi,
                         "languages (exact Clopper-Pearson interval of the share)", n_seeds,
-                        "sign test over languages (English excluded)", test.p_value, "table_placement_tests", note))
+                        "sign test over languages (English excluded)", test.p_value, "table_placement_tests", note,
+                        students=((teacher, mixer, placement), (teacher, mixer, baseline))))
     return out
 
 
@@ -201,7 +205,8 @@ def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
                         f"{r['teacher']}/{r['mixer']}: {r['placement']} vs {baseline} (all languages)",
                         "token-pooled held-out CE difference (placement - baseline), nats", -1, r["effect"],
                         r["effect_lo"], r["effect_hi"], "seeds (t-interval)", r["n_seeds"],
-                        "sign-flip permutation over held-out rows", r["p_perm"], "table_placement_tests"))
+                        "sign-flip permutation over held-out rows", r["p_perm"], "table_placement_tests",
+                        students=((r["teacher"], r["mixer"], r["placement"]), (r["teacher"], r["mixer"], baseline))))
     out += _per_language_rows(tests, baseline, english)
     # reverse periodic is the best placement: against every other non-baseline placement
     have = set(rows.filter(pl.col("placement").is_not_null())["placement"].unique().to_list())
@@ -215,8 +220,20 @@ def _placement_rows(rows: pl.DataFrame, distill: pl.DataFrame, baseline: str,
                                 f"{teacher}/{mixer}: reverse_periodic vs {other} (all languages)",
                                 "token-pooled held-out CE difference (reverse periodic - other), nats", -1,
                                 r["effect"], r["effect_lo"], r["effect_hi"], "seeds (t-interval)", r["n_seeds"],
-                                "sign-flip permutation over held-out rows", r["p_perm"], "perplexity_rows"))
+                                "sign-flip permutation over held-out rows", r["p_perm"], "perplexity_rows",
+                                students=((teacher, mixer, "reverse_periodic"), (teacher, mixer, other))))
     return out
+
+
+# The SoftCKA quantities the findings read, with the label their rows carry: the pair alignment (the headline),
+# the language offset (how far apart the languages' mean embeddings lie), and the sentence-set CKA.
+SOFTCKA_VIEWS = (("alignment", ""), ("language_offset", " (language offset)"),
+                 ("cka", " (second view: sentence-set CKA)"))
+SOFTCKA_WHAT = {"alignment": "pair alignment (centred cosine of each translation pair's kernel mean embeddings, each "
+                             "language's own mean removed)",
+                "language_offset": "language offset (MMD between the languages' mean embeddings over the "
+                                   "within-language spread)",
+                "cka": "sentence-set SoftCKA (CKA of the two N x N Grams)"}
 
 
 def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = None) -> list[dict]:
@@ -230,8 +247,7 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
     if softcka_seeds is not None and softcka_seeds.height:
         extra = softcka_seeds.filter(pl.col("kind") == "hidden") if "kind" in softcka_seeds.columns else softcka_seeds
     models = pair_models(hid)
-    views = [(m, label) for m, label in (("alignment", ""), ("cka", " (second view: sentence-set CKA)"))
-             if m in hid.columns]
+    views = [(m, label) for m, label in SOFTCKA_VIEWS if m in hid.columns]
     # the largest |change| across layers sits at the hybrid's first FA layer
     if "layer_type" in hid.columns:
         for metric, label in views:
@@ -247,7 +263,7 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
                                     "", math.nan, "softcka", "skipped: " + (
                                         "the hybrid has no full-attention layer" if f is None else
                                         "fewer than two layer-to-layer changes per language"),
-                                    verdict=stats.INCONCLUSIVE))
+                                    verdict=stats.INCONCLUSIVE, students=rule["students"]))
                     continue
                 d = [margins[k] for k in sorted(margins)]
                 lo, hi = _boot_over(d)
@@ -257,7 +273,7 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
                            "minus the largest |change| at any other layer, hybrid only", +1, float(np.mean(d)),
                            lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages", _sign_p(d),
                            "softcka", f"largest |change| at the first FA layer in {k} of {len(d)} languages",
-                           units=rule["units"])
+                           units=rule["units"], students=rule["students"])
 
                 def margin_mean(rows, metric=metric):
                     m = first_fa_margins(rows.filter(pl.col("role") == "hybrid"), metric)[1]
@@ -266,13 +282,15 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
                 if not is_published(pair, models[pair].get("hybrid")):
                     row = _over_seeds(row, _seed_effects(hid, extra, pair, margin_mean))
                 out.append(row)
-    # hybrids are less cross-lingually aligned than their dense partners
+    # hybrids are less cross-lingually aligned than their dense partners (for the offset: separate more)
     for metric, label in views:
-        finding = "hybrids are less cross-lingually aligned than dense models" + label
+        sign = +1 if metric == "language_offset" else -1
+        finding = "hybrids are less cross-lingually aligned than dense models" + (
+            " (language offset: hybrids separate the languages more)" if metric == "language_offset" else label)
         mean = hid.group_by(["pair", "role", "lang"]).agg(pl.col(metric).mean())
         for pair in sorted(models):
             if models[pair].get("dense") is None:
-                out.append(_no_dense_row(finding, pair, "softcka", -1))
+                out.append(_no_dense_row(finding, pair, "softcka", sign))
                 continue
             rule = _analysis_rule(pair, models[pair], "languages")
             g = mean.filter(pl.col("pair") == pair)
@@ -284,11 +302,9 @@ def _softcka_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = No
             if not d:
                 continue
             lo, hi = _boot_over(d)
-            what = ("per-pair cross-language alignment (centred cosine of each translation pair's kernel mean "
-                    "embeddings)" if metric == "alignment" else "sentence-set SoftCKA (CKA of the two N x N Grams)")
-            row = _row(MULTI, finding, pair, f"mean over languages and layers of the {what} vs English, hybrid "
-                       "minus dense", -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
-                       "sign test over languages", _sign_p(d), "softcka", units=rule["units"])
+            row = _row(MULTI, finding, pair, f"mean over languages and layers of the {SOFTCKA_WHAT[metric]} vs "
+                       "English, hybrid minus dense", sign, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
+                       "sign test over languages", _sign_p(d), "softcka", units=rule["units"], students=rule["students"])
 
             def gap(rows, metric=metric):
                 w = rows.group_by(["role", "lang"]).agg(pl.col(metric).mean()).pivot(on="role", index="lang",
@@ -340,7 +356,7 @@ def _niah_oom_row(pair: str, g: pl.DataFrame, rule: dict) -> dict:
     d, lo, hi = stats.newcombe_difference(kh, nh, kd, nd)
     return _row(MULTI, NIAH_OOM, pair, definition, -1, d, lo, hi, over, rule["n_seeds"], "", math.nan, "niah",
                 f"OOM in {kh} of {nh} hybrid and {kd} of {nd} dense examples (examples skipped after an OOM at a "
-                "shorter length count as OOM)", units=rule["units"])
+                "shorter length count as OOM)", units=rule["units"], students=rule["students"])
 
 
 def _niah_length_row(pair: str, g: pl.DataFrame, rule: dict, seed: int) -> dict | None:
@@ -392,7 +408,7 @@ def _niah_length_row(pair: str, g: pl.DataFrame, rule: dict, seed: int) -> dict 
     return _row(MULTI, NIAH_LENGTH, pair,
                 f"accuracy change {short} -> {long} tokens, hybrid minus dense, mean over language x task strata "
                 "completed by both models (accuracy over completed examples)", +1, float(effect(p)), float(lo),
-                float(hi), over, rule["n_seeds"], "", math.nan, "niah", note, units=rule["units"])
+                float(hi), over, rule["n_seeds"], "", math.nan, "niah", note, units=rule["units"], students=rule["students"])
 
 
 def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:
@@ -451,7 +467,7 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
                    fertility: pl.DataFrame | None = None, position_loss_summary: pl.DataFrame | None = None,
                    position_loss: pl.DataFrame | None = None, retrieval_heads_masking: pl.DataFrame | None = None,
                    lm_benchmarks: pl.DataFrame | None = None,
-                   layer_importance: pl.DataFrame | None = None) -> pl.DataFrame:
+                   layer_importance: pl.DataFrame | None = None, kl_limit: float | None = None) -> pl.DataFrame:
     """Every finding of both studies with effect, CI and verdict (see the module docstring); tokens to target
     is read over both distillation stages when `distill_stage1` is given and counted on stage-2 tokens
     (`uncertainty.tokens_to_target_seeds`); `english` is left out of the per-language count. The BLD tables
@@ -459,7 +475,9 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
     further multilinguality rows (`findings_multi`) read `recency` and `fertility` too when given, the BLD-NL
     long-context rows (`findings_bld`) `position_loss_summary` and `position_loss`, its retrieval-heads rows
     `retrieval_heads_masking`, its recall / RULER rows `lm_benchmarks` (the paper preset and the rehearsal); the
-    searched placements' rows (`findings_multi.searched_rows`) `layer_importance`."""
+    searched placements' rows (`findings_multi.searched_rows`) `layer_importance`. `kl_limit`: the held-out KL
+    (nats per token) within which the distilled students must be of their teacher for a row about them to be
+    decided (`verdicts.gate_convergence`; None: no limit, the students' KL is still recorded)."""
     from hybridlab.plots.findings_multi import multilinguality_rows
 
     rows = (_placement_rows(perplexity_rows, distill, baseline, distill_stage1, english)
@@ -489,6 +507,7 @@ def findings_table(perplexity_rows: pl.DataFrame, distill: pl.DataFrame, softcka
         rows += lm_benchmark_rows(lm_benchmarks)
     if not rows:
         raise HybridlabError("no finding could be computed from the given tables; check that the rules ran")
+    rows = gate_convergence(rows, students_kl(perplexity_rows), kl_limit)
     return pl.DataFrame(rows, schema=COLUMNS, orient="row")
 
 

@@ -108,7 +108,7 @@ def attn_delta_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = 
                      f"at the first FA layer (decoder layer {f}) minus the largest such distance at any other layer, "
                      "hybrid only", +1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
                      "sign test over languages", F._sign_p(d), "softcka", f"the first FA layer's output is the most "
-                     f"extreme in {sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"])
+                     f"extreme in {sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"], students=rule["students"])
 
         def margin_mean(rows):
             m = extreme_margins(rows.filter(pl.col("role") == "hybrid"), "alignment")[1]
@@ -143,7 +143,7 @@ def swa_rows(softcka: pl.DataFrame) -> list[dict]:
                           f"global-attention layer (hidden row {f}) minus the largest |change| at any other layer",
                           -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages",
                           F._sign_p(d), "softcka", f"largest |change| at the first global layer in "
-                          f"{sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"]))
+                          f"{sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"], students=rule["students"]))
     return out
 
 
@@ -189,7 +189,7 @@ def recency_rows(recency: pl.DataFrame | None) -> list[dict]:
         out.append(F._row(F.MULTI, RECENCY, pair, f"attention mass on the last {w} keys (mean over FA layers and "
                           "heads), hybrid minus dense, mean over languages", +1, float(np.mean(diffs)), lo, hi,
                           rule["ci_over"], rule["n_seeds"], "sign test over languages", F._sign_p(diffs), "recency",
-                          note, units=rule["units"]))
+                          note, units=rule["units"], students=rule["students"]))
     return out
 
 
@@ -271,7 +271,7 @@ def niah_runtime_rows(niah: pl.DataFrame | None) -> list[dict]:
         out.append(F._row(F.MULTI, NIAH_RUNTIME, pair, f"log(seconds per example, hybrid / dense) at {ctx} tokens, "
                           "mean over language x task cells both models completed without OOM", -1,
                           float(np.mean(logs)), lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over cells",
-                          F._sign_p(logs), "niah", note, units=rule["units"]))
+                          F._sign_p(logs), "niah", note, units=rule["units"], students=rule["students"]))
     return out
 
 
@@ -342,7 +342,8 @@ def top_kl_rows(rows: pl.DataFrame, baseline: str, english: str = F.ENGLISH) -> 
             out.append(F._row(F.MULTI, TOP_KL, comparison, f"share of the top-{k} KL-reduction languages the two "
                               f"teachers' students share, minus the chance share {k}/{n}", +1, e, lo, hi,
                               "seeds (t-interval)", n_seeds, "hypergeometric tail of the overlap",
-                              hypergeometric_tail(shared, n, k), "table_kl_reduction", note))
+                              hypergeometric_tail(shared, n, k), "table_kl_reduction", note,
+                              students=F.placement_students(rows, a, mixer) + F.placement_students(rows, b, mixer)))
     return out
 
 
@@ -370,7 +371,8 @@ def non_latin_rows(rows: pl.DataFrame, baseline: str, english: str = F.ENGLISH) 
         out.append(F._row(F.MULTI, NON_LATIN, comparison, "mean KL reduction (1 - KL(best) / KL(baseline)) over "
                           "non-Latin-script languages minus over Latin-script ones (English excluded)", +1, e, lo, hi,
                           "seeds (t-interval)", n, "sign test over seeds", F._sign_p(d), "table_kl_reduction",
-                          f"{n_other} non-Latin and {n_latin} Latin-script languages"))
+                          f"{n_other} non-Latin and {n_latin} Latin-script languages",
+                          students=F.placement_students(rows, teacher, mixer)))
     return out
 
 
@@ -407,7 +409,7 @@ def reverse_teacher_rows(rows: pl.DataFrame, english: str = F.ENGLISH) -> list[d
                           "minus 0.01 nat (all languages)", -1, e, lo, hi, "seeds (t-interval)", n,
                           "sign test over seeds", F._sign_p([x - STUDY_TEACHER_GAP for x in gaps]), "perplexity_rows",
                           f"gap to the teacher {float(np.mean(gaps)):.4f} nat (study: within {STUDY_TEACHER_GAP} nat "
-                          "of the Granite teacher)"))
+                          "of the Granite teacher)", students=((teacher, mixer, "reverse_periodic"),)))
         # the other placements that ran every seed reverse periodic ran (the same set of placements per seed)
         rev_seeds = set(rev["seed"].to_list())
         others = g.filter(pl.col("placement") != "reverse_periodic")
@@ -426,7 +428,8 @@ def reverse_teacher_rows(rows: pl.DataFrame, english: str = F.ENGLISH) -> list[d
                               "1 - CE gap to the teacher of reverse periodic / mean CE gap of the other placements "
                               "(same seed, all languages)", +1, e, lo, hi, "seeds (t-interval)", n,
                               "sign test over seeds", F._sign_p(closer), "perplexity_rows",
-                              f"{F._f(e)} closer (study: {F._f(STUDY_CLOSER)})" + (f"; {vs}" if vs else "")))
+                              f"{F._f(e)} closer (study: {F._f(STUDY_CLOSER)})" + (f"; {vs}" if vs else ""),
+                              students=F.placement_students(rows, teacher, mixer, ["reverse_periodic", *sorted(full)])))
         else:
             out.append(_skip(REV_CLOSER, f"{teacher}/{mixer}: reverse_periodic vs the other placements", +1,
                              "perplexity_rows", "no other placement is behind the teacher on a seed reverse periodic "
@@ -453,7 +456,8 @@ def reverse_teacher_rows(rows: pl.DataFrame, english: str = F.ENGLISH) -> list[d
                           f"the chance share 1/{n_place}", +1, ci.estimate - chance, ci.lo - chance, ci.hi - chance,
                           "languages (exact Clopper-Pearson interval of the share)", int(rev.height), "", math.nan,
                           "perplexity_rows", f"lowest in {k} of {m} languages (study: {k_s} of {n_s}, "
-                          f"{F._f(k_s / n_s)})" + (f"; {vs}" if vs else "")))
+                          f"{F._f(k_s / n_s)})" + (f"; {vs}" if vs else ""),
+                          students=F.placement_students(rows, teacher, mixer)))
     return out
 
 
@@ -510,5 +514,5 @@ def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
                                       "languages)", f"token-pooled held-out {metric.upper()} difference ({arm} - "
                                       f"{other}), nats", -1, c["effect"], c["effect_lo"], c["effect_hi"],
                                       "seeds (t-interval)", c["n_seeds"], "sign-flip permutation over held-out rows",
-                                      c["p_perm"], "perplexity_rows"))
+                                      c["p_perm"], "perplexity_rows", students=((teacher, mixer, arm), (teacher, mixer, other))))
     return out

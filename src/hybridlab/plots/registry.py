@@ -220,12 +220,15 @@ def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: "FigureJo
     parameter."""
     from hybridlab.config import job_settings
     from hybridlab.config_spec import FigureJob
+    from hybridlab.config_spec.fields import UNSET
 
     job = job_settings(FigureJob, params or {}, "make_figure.py")
     if name in TABLES:
         if not (out_csv and out_md):
             raise HybridlabError(f"table '{name}' needs --out-csv and --out-md")
         kwargs = {"baseline": job.baseline_placement} if job.baseline_placement else {}
+        if job.converged_kl is not UNSET and job.converged_kl is not None:
+            kwargs["kl_limit"] = job.converged_kl
         df = render_table(name, tables, **kwargs)
         write_table(df, out_csv, out_md)
         return f"{name}: {df.height} rows -> {out_csv}, {out_md}"

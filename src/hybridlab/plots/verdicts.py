@@ -18,7 +18,8 @@ COLUMNS = {"study": pl.String, "finding": pl.String, "comparison": pl.String, "e
            "expected": pl.String, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
            "ci_over": pl.String, "n_seeds": pl.Int64, "n_censored": pl.Int64, "n_undefined": pl.Int64,
            "test": pl.String,
-           "p_value": pl.Float64, "verdict": pl.String, "note": pl.String, "source": pl.String}
+           "p_value": pl.Float64, "verdict": pl.String, "note": pl.String, "source": pl.String,
+           "students_kl": pl.Float64, "kl_limit": pl.Float64}
 MULTI, BLD = "multilinguality", "competing learning (BLD)"
 ENGLISH = "eng_Latn"
 ALPHA = 0.05
@@ -41,9 +42,11 @@ def decide(effect: float, lo: float, hi: float, expected: int, n_seeds: int,
 
 
 def _row(study, finding, comparison, definition, expected, effect, lo, hi, ci_over, n_seeds, test, p, source,
-         note="", *, units=None, verdict=None, n_censored=0, n_undefined=0):
+         note="", *, units=None, verdict=None, n_censored=0, n_undefined=0, students=()):
     """One findings row; `verdict` given: already decided by the caller (its reason is in `note`); `expected`
-    0: the study's sign is not known for this comparison (shown empty; the caller decides the verdict)."""
+    0: the study's sign is not known for this comparison (shown empty; the caller decides the verdict).
+    `students`: the (teacher, mixer, placement) of each distilled student the row is about (empty for fixed
+    models, tokenizers and the BLD study); `gate_convergence` reads them."""
     if verdict is None:
         v, why = decide(effect, lo, hi, expected, n_seeds, units)
     else:
@@ -52,7 +55,83 @@ def _row(study, finding, comparison, definition, expected, effect, lo, hi, ci_ov
             "expected": "+" if expected > 0 else "-" if expected < 0 else "", "effect": effect, "ci_lo": lo,
             "ci_hi": hi, "ci_over": ci_over, "n_seeds": n_seeds, "n_censored": n_censored, "n_undefined": n_undefined,
             "test": test, "p_value": p, "verdict": v,
-            "note": "; ".join(x for x in (why, note) if x), "source": source}
+            "note": "; ".join(x for x in (why, note) if x), "source": source, "students_kl": math.nan,
+            "kl_limit": math.nan, STUDENTS: tuple(students)}
+
+
+# --- convergence: a finding about distilled students is decided only when they are near their teacher ------
+
+STUDENTS = "_students"  # a row's private key: the students it is about (dropped before the table is built)
+
+
+def student_of_pair(pair: str) -> tuple[str, str, str] | None:
+    """(teacher, mixer, placement) of a DAG analysis pair named `<teacher>/<placement>-<mixer>`
+    (`eval.pairs.analysis_models`); None for a name of another form."""
+    teacher, slash, student = pair.rpartition("/")
+    placement, dash, mixer = student.rpartition("-")
+    return (teacher, mixer, placement) if slash and dash and teacher and placement else None
+
+
+def pair_students(pair: str, models: dict) -> tuple[tuple[str, str, str], ...]:
+    """The distilled student of an analysis pair, () for published models."""
+    if is_published(pair, models.get("hybrid")):
+        return ()
+    s = student_of_pair(pair)
+    return (s,) if s else ()
+
+
+def placement_students(rows: pl.DataFrame, teacher: str, mixer: str, placements=None) -> tuple:
+    """(teacher, mixer, p) for `placements`, or for every placement of that teacher x mixer in `rows`."""
+    if placements is None:
+        g = rows.filter((pl.col("teacher") == teacher) & (pl.col("mixer") == mixer) & pl.col("placement").is_not_null())
+        placements = sorted(g["placement"].unique().to_list())
+    return tuple((teacher, mixer, p) for p in placements)
+
+
+def students_kl(perplexity_rows: pl.DataFrame | None) -> dict[tuple[str, str, str], float]:
+    """{(teacher, mixer, placement): held-out KL(teacher || student)}: token-pooled over every held-out row
+    and language, then the mean over the student's seeds."""
+    if perplexity_rows is None or not {"teacher", "mixer", "placement", "kl", "n_tokens"} <= set(perplexity_rows.columns):
+        return {}
+    r = perplexity_rows.filter(pl.col("placement").is_not_null() & pl.col("kl").is_not_null())
+    seed = ["seed"] if "seed" in r.columns else []
+    per_seed = (r.group_by(["teacher", "mixer", "placement", *seed])
+                .agg(kl=(pl.col("kl") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()))
+    mean = per_seed.group_by(["teacher", "mixer", "placement"]).agg(pl.col("kl").mean())
+    return {(t, m, p): float(k) for t, m, p, k in mean.select("teacher", "mixer", "placement", "kl").iter_rows()}
+
+
+def gate_convergence(rows: list[dict], kls: dict, limit: float | None) -> list[dict]:
+    """Each row about distilled students, decided only when every one of them is within `limit` nats of held-out
+    KL to its teacher: otherwise its verdict is "inconclusive" with the note "students not converged: KL x > limit"
+    (the largest student KL); a student without a KL counts as not converged. `students_kl` (the largest KL of
+    the row's students) and `kl_limit` are recorded on every such row; a row comparing two or more students
+    names each one's KL in its note. Rows without students (fixed models, tokenizers, BLD) are unchanged.
+    `limit` None: KLs recorded, nothing gated."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        students = r.pop(STUDENTS, ())
+        if not students:
+            out.append(r)
+            continue
+        values = [kls.get(tuple(s)) for s in students]
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        worst = max(known) if len(known) == len(values) else math.nan
+        r["students_kl"] = worst
+        r["kl_limit"] = math.nan if limit is None else float(limit)
+        gate = kl_list = ""
+        if len(students) >= 2:
+            kl_list = "students' KL: " + ", ".join(
+                f"{s[2]} {'?' if v is None else f'{v:.2f}'}" for s, v in zip(students, values))
+        if limit is not None and not (worst <= limit):
+            why = (f"KL {worst:.2f} > {limit:.2f}" if math.isfinite(worst) else
+                   f"KL unknown for {', '.join(s[2] for s, v in zip(students, values) if v is None)}")
+            gate = f"students not converged: {why}"
+            r["verdict"] = stats.INCONCLUSIVE
+        r["note"] = "; ".join(x for x in (gate, r["note"], kl_list) if x)
+        out.append(r)
+    return out
 
 
 def _spread(values) -> tuple[float, float, float, int]:
@@ -101,10 +180,12 @@ def is_published(pair: str, hybrid_model: str | None) -> bool:
 
 def _analysis_rule(pair: str, models: dict, units: str) -> dict:
     """The verdict rule's arguments of one analysis pair: published -> interval over `units`, n_seeds 0;
-    the DAG's -> the first seed's models, n_seeds 1 (inconclusive by the seed rule)."""
+    the DAG's -> the first seed's models, n_seeds 1 (inconclusive by the seed rule), and its student."""
     if is_published(pair, models.get("hybrid")):
-        return {"n_seeds": 0, "units": units, "ci_over": f"{units} (bootstrap; fixed published models)"}
-    return {"n_seeds": 1, "units": None, "ci_over": f"{units} (bootstrap; first seed's models)"}
+        return {"n_seeds": 0, "units": units, "ci_over": f"{units} (bootstrap; fixed published models)",
+                "students": ()}
+    return {"n_seeds": 1, "units": None, "ci_over": f"{units} (bootstrap; first seed's models)",
+            "students": pair_students(pair, models)}
 
 
 def _no_dense_row(finding: str, pair: str, source: str, expected: int) -> dict:
