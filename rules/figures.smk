@@ -90,6 +90,7 @@ rule results_page:
     input:
         findings=R("figures", "table_findings.csv"),
         gaps=R("figures", "table_kl_gaps.csv"),
+        softcka=R("eval", "softcka.parquet"),
     output:
         R("figures", "results.md"),
     log:
@@ -101,11 +102,17 @@ rule results_page:
     resources:
         **job_resources("results_page"),
     params:
-        cfg=as_json({"preset": SCALE, "header": RESULTS_HEADER}),
+        cfg=as_json(
+            {
+                "preset": SCALE,
+                "header": RESULTS_HEADER,
+                "converged_kl": C["experiments"]["distill"]["converged_kl"],
+            }
+        ),
         benchmarks=[R(phase, "benchmarks") for phase in ("data", "models", "train", "eval")],
     shell:
         "python workflow_scripts/make_results_page.py --params {params.cfg:q} --findings {input.findings} "
-        "--gaps {input.gaps} --benchmarks {params.benchmarks} --out {output} > {log} 2>&1"
+        "--gaps {input.gaps} --softcka {input.softcka} --benchmarks {params.benchmarks} --out {output} > {log} 2>&1"
 
 
 rule figures:

@@ -106,6 +106,8 @@ class ResultsPageJob:
 
     preset: Scale = req("the preset the page reports")
     header: str = opt("", "text above the tables")
+    converged_kl: NonNegFloat = opt(UNSET, "the findings' convergence limit (experiments.distill.converged_kl), "
+                                    "stated on the page")
 
 
 @dataclass(kw_only=True)

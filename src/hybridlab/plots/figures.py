@@ -86,13 +86,18 @@ def placements(softcka: pl.DataFrame):
     return fig
 
 
-SOFTCKA_LABELS = {"alignment": "alignment vs English (pairs)", "cka": "sentence-set SoftCKA vs English (second view)"}
+SOFTCKA_LABELS = {"alignment": "pair alignment vs English", "language_offset": "language offset from English",
+                  "cka": "sentence-set SoftCKA vs English (second view)"}
 
 
-def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metrics=("alignment", "cka")):
-    """SoftCKA by layer, one panel per (metric, pair): the per-pair cross-language alignment (the headline) in
-    the top rows, the sentence-set CKA (a second view) below; colour = language, solid hybrid vs dashed
-    dense, the hybrid's FA layers shaded, bootstrap bands over sentences where the table has them."""
+def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metrics=None):
+    """SoftCKA by layer, one panel per (metric, pair): the pair alignment (the headline) in the top rows, the
+    language offset below it (when the table has it), the sentence-set CKA (a second view) last; colour =
+    language, solid hybrid vs dashed dense, the hybrid's FA layers shaded, bootstrap bands over sentences
+    where the table has them."""
+    if metrics is None:
+        metrics = [m for m in ("alignment", "language_offset", "cka") if m != "language_offset"
+                   or m in softcka.columns]
     df = require(softcka, ["pair", "role", "kind", "layer", "layer_type", "lang", *metrics], "softcka")
     df = df.filter(pl.col("kind") == kind)
     if df.height == 0:
@@ -112,8 +117,8 @@ def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metrics=("alignme
                 ax.set_ylabel(SOFTCKA_LABELS.get(metric, metric))
             for ax in grid[b * block + len(pairs):(b + 1) * block]:
                 ax.set_visible(False)
-        fig.suptitle(f"Cross-language alignment and SoftCKA vs English by layer ({kind}); shaded: the hybrid's "
-                     "full-attention layers", fontsize=9)
+        fig.suptitle(f"Pair alignment, language offset and SoftCKA vs English by layer ({kind}); shaded: the "
+                     "hybrid's full-attention layers", fontsize=9)
         _legend_once(axes)
     return fig
 

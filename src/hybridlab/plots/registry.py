@@ -25,12 +25,15 @@ CAPTIONS = {
     "fig_placements": "Layer types of every analysed model: full attention (FA) vs the recurrent mixer, per "
                       "decoder layer, for the dense teacher and each converted hybrid.",
     "fig_softcka_pairs": "English vs each language's parallel sentences, per layer (hidden states; layer 0 = "
-                         "embeddings). Top: the per-pair cross-language alignment (the headline quantity); "
-                         "bottom: the sentence-set SoftCKA (a second view). Solid = hybrid, dashed = its dense "
-                         "partner; the hybrid's FA layers are shaded. Higher = more cross-lingual alignment. "
-                         "Bands: 95 % bootstrap over sentences.",
+                         "embeddings). Top: the pair alignment, the centred cosine of each translation pair "
+                         "with each language's own mean removed (the headline; higher = the pairs sit together); "
+                         "middle: the language offset, how far apart the two languages' means lie relative to "
+                         "the spread within a language (higher = the languages are more separated); bottom: "
+                         "the sentence-set SoftCKA (a second view). Solid = hybrid, dashed = its dense partner; "
+                         "the hybrid's FA layers are shaded. Bands: 95 % bootstrap over sentences.",
     "fig_softcka_attn_delta": "The same for each mixer / attention block's residual contribution (attn_delta), "
-                              "per decoder layer: alignment (top) and sentence-set SoftCKA (bottom, second view); "
+                              "per decoder layer: pair alignment (top), language offset (middle) and sentence-set "
+                              "SoftCKA (bottom, second view); "
                               "hybrid FA layers shaded. Bands: 95 % bootstrap over sentences.",
     "fig_recency": "Attention recency of the full-attention layers, hybrid vs dense: mean attention distance "
                    "per FA layer (top) and attention mass on the last w tokens vs w (bottom), means over heads and "
@@ -69,7 +72,7 @@ CAPTIONS = {
                         "placement per language and its relative change vs standard periodic.",
     "table_kl_reduction": "Languages ranked by the KL reduction of their best placement vs standard periodic "
                           "(1 - KL(best) / KL(standard periodic)).",
-    "table_softcka_first_fa": "Cross-language alignment (the headline; sentence-set SoftCKA as a second view) "
+    "table_softcka_first_fa": "Pair alignment (the headline), language offset and sentence-set SoftCKA (a second view) "
                               "just before and after each hybrid's first full-attention layer, for the hybrid "
                               "and its dense partner at the same depth (the change at the first FA layer).",
     "table_lm_benchmarks": "Standard benchmarks (lm-eval; paper preset): one row per model (teachers, "

@@ -8,8 +8,11 @@ Two pieces:
   after stage 2 (stage 2's last), with the stage-2 start flagged when it is already at or below the
   standard-periodic baseline's final CE: then "tokens to the baseline's loss" measures conversion and
   stage 1, not stage 2.
-* `results_markdown(...)`: a Markdown page from the findings table, the KL-gap table, the job times
-  (Snakemake's benchmark files) and the preset's name; written by the `results_page` rule.
+* `alignment_summary(softcka)`: per analysed model (the teacher and every student of the first seed), the
+  hidden-state pair alignment, language offset, pooled-centring alignment and sentence-set CKA, each the
+  mean over layers and languages, and the layer where the pair alignment peaks.
+* `results_markdown(...)`: a Markdown page from the findings table, the KL-gap table, the alignment summary,
+  the job times (Snakemake's benchmark files) and the preset's name; written by the `results_page` rule.
 
 The study's numbers are the published ones (FA-first placements reach the baseline's final loss with about
 40 % of its tokens; reverse periodic within 0.01 nat of its teacher and about 10 % closer than the other
@@ -80,6 +83,27 @@ def kl_gap_table(distill: pl.DataFrame, distill_stage1: pl.DataFrame,
             .sort(["teacher", "placement", "seed", "_o"]).drop("_o"))
 
 
+ALIGNMENT_COLUMNS = ("alignment", "language_offset", "alignment_pooled", "cka")
+
+
+def alignment_summary(softcka: pl.DataFrame) -> pl.DataFrame:
+    """One row per analysed model (hidden states): the mean over layers and languages of each alignment
+    quantity the table has (`ALIGNMENT_COLUMNS`), and `peak_layer` / `peak_alignment`, the hidden row whose
+    language-mean pair alignment is highest. A model listed in several pairs (the teacher) appears once."""
+    need = {"model", "role", "kind", "layer", "lang", "alignment"}
+    missing = need - set(softcka.columns)
+    if missing:
+        raise HybridlabError(f"the SoftCKA table lacks columns {sorted(missing)}; rebuild it with `make all`")
+    cols = [c for c in ALIGNMENT_COLUMNS if c in softcka.columns]
+    hid = softcka.filter(pl.col("kind") == "hidden").unique(["model", "layer", "lang"], keep="first",
+                                                            maintain_order=True)
+    per_layer = hid.group_by(["model", "role", "layer"]).agg(pl.col(c).mean() for c in cols)
+    peak = (per_layer.sort(["alignment", "layer"], descending=[True, False]).group_by("model", maintain_order=True)
+            .first().select("model", peak_layer="layer", peak_alignment="alignment"))
+    mean = per_layer.group_by(["model", "role"]).agg(pl.col(c).mean() for c in cols)
+    return mean.join(peak, on="model").sort(["role", "model"], descending=[False, False])
+
+
 def _fmt(x, digits=3) -> str:
     return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
@@ -108,8 +132,9 @@ def job_times(bench_files: list[str | Path]) -> pl.DataFrame:
 
 
 def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataFrame, *, scale: str,
-                     header: str = "") -> str:
-    """The results page (see module docstring)."""
+                     header: str = "", alignment: pl.DataFrame | None = None, kl_limit: float | None = None) -> str:
+    """The results page (see module docstring); `alignment` is `alignment_summary`'s table, `kl_limit` the
+    preset's converged_kl."""
     from hybridlab.plots.findings import narrow_markdown
     summary = (gaps.group_by(["placement", "stage"], maintain_order=True)
                .agg(pl.len().alias("seeds"), pl.col("kl").mean().alias("kl_mean"), pl.col("kl").min().alias("kl_min"),
@@ -119,9 +144,16 @@ def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataF
     parts = [f"# Results of the `{scale}` build", ""]
     if header:
         parts += [header.strip(), ""]
+    gate = ""
+    if kl_limit is not None:
+        stage2 = gaps.filter(pl.col("stage") == "stage2")
+        over = stage2.group_by("placement").agg(pl.col("kl").mean()).filter(pl.col("kl") > kl_limit)
+        gate = (f" A row about the distilled students is decided only when each of them ends within {kl_limit:g} nat "
+                f"of held-out KL of its teacher; {over.height} of {stage2['placement'].n_unique()} students are "
+                "not, so their rows read \"students not converged\".")
     parts += ["## Findings next to the study", "",
               "Verdicts follow docs/methods.md \"Findings table\": a row is reproduced or contradicted only when "
-              "its interval decides it; censored or one-seed rows are inconclusive.", "",
+              "its interval decides it; censored or one-seed rows are inconclusive." + gate, "",
               narrow_markdown(findings, "multilinguality"),
               "## Distance to the teacher by stage", "",
               "Held-out KL(teacher || student) and CE (nats per token) on the held-out rows used for the curves: "
@@ -132,6 +164,15 @@ def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataF
         parts += [f"**Already past the baseline at stage 2's start:** {names} start stage 2 at or below the "
                   "standard-periodic baseline's final held-out CE. For them, tokens to the baseline's loss is a "
                   "finding about conversion and stage 1, not about stage 2.", ""]
+    if alignment is not None and alignment.height:
+        parts += ["## Cross-lingual alignment by model", "",
+                  "Hidden states, English against each language, mean over layers and languages (first seed's "
+                  "models). `alignment`: the pair alignment, each translation pair's centred cosine with each "
+                  "language's own mean embedding removed (the headline); `language_offset`: the distance between "
+                  "the two languages' mean embeddings over the spread within a language; `alignment_pooled`: the "
+                  "cosine with one centring over both languages (dominated by the offset); `cka`: the sentence-set "
+                  "SoftCKA. `peak_layer`: the hidden row where the pair alignment is highest. Definitions: "
+                  "docs/methods.md \"SoftCKA and pair alignment\".", "", _md(alignment), ""]
     if times.height:
         total = float(times["seconds"].sum())
         parts += ["## Job times", "", f"{times.height} jobs, {total / 60:.1f} CPU-job minutes in all (jobs run "

@@ -164,8 +164,8 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
 
     Hidden-state row `layer` i is the output of decoder layer i-1 (row 0 = embeddings) and carries that
     layer's type. For each pair, `first_fa_layer` is the first hidden row of the hybrid whose layer is
-    full attention. For the per-pair cross-language alignment (the headline quantity) and for the
-    sentence-set CKA (a second view): `<metric>_before` at row first_fa_layer - 1, `<metric>_after` at
+    full attention. For the pair alignment (the headline quantity), the language offset (where the table has
+    it) and the sentence-set CKA (a second view): `<metric>_before` at row first_fa_layer - 1, `<metric>_after` at
     first_fa_layer (with their sentence-bootstrap bounds where the table has them), and `<metric>_change`
     = after - before, for the hybrid and, at the same depth, for its dense partner. Whether the largest
     change across layers sits at this layer is the findings table's test. Pairs whose hybrid has no FA
@@ -180,7 +180,7 @@ def softcka_first_fa_table(softcka: pl.DataFrame) -> pl.DataFrame:
         raise HybridlabError("table 'softcka' has no hybrid with a full-attention layer (hidden rows); "
                              "nothing to compare at the first FA layer")
     df = df.join(first, on="pair")
-    metrics = ("alignment", "cka")
+    metrics = ("alignment", "language_offset", "cka") if "language_offset" in df.columns else ("alignment", "cka")
     for m in metrics:
         if f"{m}_lo" not in df.columns:  # a table written without the sentence bootstrap
             df = df.with_columns(pl.lit(math.nan).alias(f"{m}_lo"), pl.lit(math.nan).alias(f"{m}_hi"))
