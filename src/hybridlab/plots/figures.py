@@ -117,8 +117,7 @@ def softcka_pairs(softcka: pl.DataFrame, kind: str = "hidden", metrics=None):
                 ax.set_ylabel(SOFTCKA_LABELS.get(metric, metric))
             for ax in grid[b * block + len(pairs):(b + 1) * block]:
                 ax.set_visible(False)
-        fig.suptitle(f"Pair alignment, language offset and SoftCKA vs English by layer ({kind}); shaded: the "
-                     "hybrid's full-attention layers", fontsize=9)
+        fig.suptitle(f"Alignment vs English by layer ({kind}); shaded: the hybrid's FA layers", fontsize=9)
         _legend_once(axes)
     return fig
 
