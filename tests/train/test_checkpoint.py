@@ -159,3 +159,27 @@ def test_checkpoint_of_another_run_is_refused_and_kept(tmp_path):
     msg = str(e.value)
     assert "another run" in msg and "inputs-a" in msg and "--restart" in msg and "\n" not in msg
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # nothing overwritten
+
+
+def test_cuda_rng_restores_the_devices_a_resumed_run_has(monkeypatch):
+    # saved with 4 visible GPUs, resumed with 2: the first two states are restored, nothing indexes past them
+    s = capture_rng()
+    s["cuda"] = [torch.full((4,), i, dtype=torch.uint8) for i in range(4)]
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append((int(state[0]), device)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("indexes every saved device"))
+    restore_rng(s)
+    assert calls == [(0, 0), (1, 1)]
+
+
+def test_a_single_process_save_and_resume_print_no_distributed_warning(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = go(tmp_path)  # saves steps 1..4
+        again = go(tmp_path)  # a rerun loads the last one
+    assert res.step == again.step == 4
+    assert not [w for w in seen if "torch.distributed is" in str(w.message)]

@@ -23,11 +23,13 @@ non-finite weights are never written. A checkpoint that cannot be read or does n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import shutil
 from pathlib import Path
+import warnings
 from typing import Any
 
 import numpy as np
@@ -76,7 +78,7 @@ def capture_rng() -> dict[str, Any]:
             "gauss": float(np_state["gauss"]),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],  # one per visible device
     }
 
 
@@ -93,7 +95,10 @@ def restore_rng(s: dict[str, Any]) -> None:
     )
     torch.set_rng_state(s["torch"])
     if s["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+        # a run resumed with fewer visible devices restores the ones it has (set_rng_state_all would index
+        # past them); the devices a process drives come first in its visible list
+        for i, state in enumerate(s["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)
 
 
 def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
@@ -117,7 +122,8 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: nn.Module, optimizer
             held[name] = {k: (list(v.shape), str(v.dtype).removeprefix("torch."), _is_param_like(v, p))
                           for k, v in optim[name].items()}
     try:
-        dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
+        with _single_process_quiet():
+            dcp.save({"model": model.state_dict(), "optim": optim}, checkpoint_id=str(tmp), no_dist=not _distributed())
         barrier()
         if is_main:
             # through a Python file object: a full disk then raises OSError(ENOSPC); torch's own path writer
@@ -184,7 +190,8 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizers: dict[str, to
                           else torch.zeros(shape, dtype=getattr(torch, dt)) for k, (shape, dt, like) in keys.items()}
     sd = {"model": model.state_dict(), "optim": template}
     try:
-        dcp.load(sd, checkpoint_id=str(path), no_dist=not _distributed())
+        with _single_process_quiet():
+            dcp.load(sd, checkpoint_id=str(path), no_dist=not _distributed())
     except (Exception, CheckpointException) as e:  # DCP's exception derives from BaseException
         raise HybridlabError(f"checkpoint {path} is unreadable or does not fit this model ({_short(e)}); {_FIX}") from e
     owner = {id(p): opt for opt in optimizers.values() for g in opt.param_groups for p in g["params"]}
@@ -198,6 +205,15 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizers: dict[str, to
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns that it assumes one process whenever torch.distributed is not initialised; a single-process
+    run asks for exactly that (no_dist), so the warning would only clutter the job's log."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized")
+        yield
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
