@@ -179,3 +179,33 @@ def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
     assert main(["plan", "--scale", "paper", "--gpus", "4", "--json"]) == 0
     disk = json.loads(capsys.readouterr().out)["disk"]
     assert {j["job"] for j in disk} == set(disks) and all(j["kept"] == 1 for j in disk)
+
+
+def test_bld_nl_is_planned_with_the_checkpointing_it_trains_with():
+    from hybridlab.config import load
+    from hybridlab.train.bld_nl import train_config_dict
+    from hybridlab.train.plan import plan_preset
+
+    raw = load("config.yaml", {"scale": "paper"})
+    nl = raw["presets"]["paper"]["train"]["bld_nl"]
+    assert nl["gradient_checkpointing"] is True  # 16K-token sequences: the paper preset recomputes
+
+    def bld_nl_1b(raw):
+        (p,) = [p for p in plan_preset(raw) if p.job == "bld_nl 1b kda"]
+        return p.estimate
+
+    with_ckpt = bld_nl_1b(raw)
+    nl["gradient_checkpointing"] = False
+    without = bld_nl_1b(raw)
+    # the plan follows the setting: without recomputation every layer's activations stay live
+    assert "checkpointing" in with_ckpt.notes and "no checkpointing" in without.notes
+    assert without.terms["activations"] > 5 * with_ckpt.terms["activations"]
+
+    class _Plan:
+        def train_config_overrides(self):
+            return {}
+
+    run = {"micro_batch_size": 1, "lr": 1e-3, "eval_every": 4, "gradient_checkpointing": True}
+    assert train_config_dict(run, out_dir="w", seed=0, steps=4, plan=_Plan())["activation_checkpointing"] is True
+    run["gradient_checkpointing"] = False
+    assert train_config_dict(run, out_dir="w", seed=0, steps=4, plan=_Plan())["activation_checkpointing"] is False

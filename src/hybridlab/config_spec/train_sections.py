@@ -179,6 +179,8 @@ class BldNlRun:
         "full", "the checkpoint written after the last update: full (weights + optimiser state) or weights (the "
         "model only: a rerun then only publishes; a third of a stage-2 checkpoint)")
     eval_rows: PosInt = opt(16, "held-out rows per evaluation")
+    gradient_checkpointing: bool = opt(False, "recompute each decoder layer in backward (the memory plan counts "
+                                       "what this says)")
 
 
 @dataclass(kw_only=True)

@@ -159,6 +159,7 @@ def train_config_dict(run: dict, *, out_dir: str, seed: int, steps: int, plan) -
            "grad_accum": run.get("grad_accum", 1), "lr": run["lr"], "warmup_steps": min(warmup, steps),
            "weight_decay": run.get("weight_decay", 0.1), "optimizer": "adamw",
            "eval_every": run.get("eval_every"), "ckpt_every": run.get("ckpt_every"), "log_every": 10,
+           "activation_checkpointing": bool(run.get("gradient_checkpointing", False)),
            **{k: run[k] for k in ("keep_last_k", "final_checkpoint") if k in run}}
     cfg.update(plan.train_config_overrides())
     return cfg

@@ -450,8 +450,9 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
             jobs.append(_verdict(f"bld_nl {size} {mixer}", lambda k, sh=sh, ov=ov, mixer=mixer, kinds=kinds:
                 estimate_step(sh, micro_batch=nl["micro_batch_size"], seq_len=nl["context_len"], world_size=k,
                               mixer=mixer, mixer_layers=kinds.count("mixer"), mixer_overrides=ov, precision=prec,
-                              checkpointing=prec == "bf16", chunk_tokens=d["kl_chunk_tokens"],
-                              grad_accum=nl.get("grad_accum", 1), gpu_mem_bytes=limit), limit, gpus, True))
+                              checkpointing=bool(nl.get("gradient_checkpointing", False)),
+                              chunk_tokens=d["kl_chunk_tokens"], grad_accum=nl.get("grad_accum", 1),
+                              gpu_mem_bytes=limit), limit, gpus, True))
         hp = C["eval"]["heads_position"]
         big_mixer = exp["bld_nl"]["mixers"][0]
         jobs.append(_verdict(f"eval_retrieval_heads {size}", lambda k, sh=sh, ov=ov, kinds=kinds: estimate_forward(
