@@ -183,3 +183,30 @@ def test_a_single_process_save_and_resume_print_no_distributed_warning(tmp_path)
         again = go(tmp_path)  # a rerun loads the last one
     assert res.step == again.step == 4
     assert not [w for w in seen if "torch.distributed is" in str(w.message)]
+
+
+def test_sigterm_checkpoints_the_update_in_progress_and_the_rerun_resumes_to_the_same_weights(tmp_path):
+    import os
+    import signal
+
+    from hybridlab.train.loop import Preempted
+
+    def term_during_update_2(step, model, opt):
+        if step == 1:  # the second update: SIGTERM arrives mid-update
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    c = TrainConfig(out_dir=str(tmp_path / "run"), steps=4, micro_batch_size=2, keep_last_k=2, progress=False,
+                    lr=1e-2)  # no ckpt_every: only the end's checkpoint would be written
+    torch.manual_seed(0)
+    with pytest.raises(Preempted, match="stopped by SIGTERM after update 2 of 4; checkpoint .*step_000000002"):
+        train(Tiny(), Task(), DATA, c, on_step_start=[term_during_update_2])
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler lives only while training runs
+    assert [s for s, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [2]
+    torch.manual_seed(0)
+    resumed = Tiny()
+    assert train(resumed, Task(), DATA, c).step == 4
+    whole = Tiny()
+    go(tmp_path / "whole", model=whole, ckpt_every=None)
+    for a, b in zip(resumed.parameters(), whole.parameters()):
+        assert torch.equal(a, b)

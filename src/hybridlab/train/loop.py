@@ -32,6 +32,12 @@ runs on every rank under `torch.no_grad()` (and the training precision's autocas
 afterwards, so evaluating never changes the training trajectory; rank 0's values are logged as
 `eval/<key>`. `initial_eval(values)` (rank 0) receives `eval_fn`'s values for the weights `train` was
 given, evaluated the same way before any checkpoint is loaded (the curve's 0-token point).
+
+Preemption: SIGTERM (SLURM's time limit, a preemption, `kill`) does not kill the run mid-update. The
+handler only records the request; after the update in progress, every rank learns of it (one all-reduce
+of a flag per update), a checkpoint of that update is written and `train` raises `Preempted`, a one-line
+`HybridlabError` that names the checkpoint, so the job exits with code 1 and the same command resumes
+there. The handler is installed for the run's duration in the main thread and the previous one restored.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,6 +313,18 @@ class _Run:
 
     # ---- driver --------------------------------------------------------------------------------
     def run(self, restart: bool) -> TrainResult:
+        with _sigterm_requests() as stop:
+            return self._run(restart, stop)
+
+    def _stop_requested(self, stop: list[int]) -> bool:
+        """Whether any rank got SIGTERM (the same answer on every rank, so all stop at the same update)."""
+        if not self.ctx.enabled:
+            return bool(stop)
+        flag = torch.tensor([float(bool(stop))], dtype=torch.float64, device=self.ctx.device)
+        self.ctx.all_reduce_sum_(flag)
+        return bool(flag.item() > 0)
+
+    def _run(self, restart: bool, stop: list[int]) -> TrainResult:
         cfg = self.cfg
         step, tokens = self._start(restart)
         bar = tqdm(total=self.total, initial=step, desc="train", unit="step",
@@ -330,8 +350,14 @@ class _Run:
                     self.metrics.append(row)
                     self.metrics.flush()
                     t_last, tok_last = time.perf_counter(), tokens
-                if is_last or (cfg.ckpt_every is not None and step % cfg.ckpt_every == 0):
+                due = is_last or (cfg.ckpt_every is not None and step % cfg.ckpt_every == 0)
+                preempted = not is_last and self._stop_requested(stop)
+                if due or preempted:
                     self._checkpoint(step, tokens, weights_only=is_last and cfg.final_checkpoint == "weights")
+                if preempted:
+                    self.metrics.flush()
+                    raise Preempted(f"stopped by SIGTERM after update {step} of {self.total}; checkpoint "
+                                    f"{self.last_ckpt} written; rerun the same command to resume from it")
         except BaseException:
             if hasattr(self, "engine"):
                 self.engine.abandon()
@@ -342,6 +368,25 @@ class _Run:
         self.opt = self.model = None
         self.engine.finish()
         return TrainResult(step, tokens, self.out, latest_checkpoint(self.ckpt_dir), self.out / METRICS_FILE)
+
+
+class Preempted(HybridlabError):
+    """The run stopped on SIGTERM after writing a checkpoint of its last update."""
+
+
+@contextlib.contextmanager
+def _sigterm_requests():
+    """A list that gains an entry when SIGTERM arrives while the block runs (main thread only; elsewhere, e.g.
+    a test's worker thread, signals cannot be caught and the list stays empty)."""
+    requests: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requests.append(signum))
+    try:
+        yield requests
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _seed_everything(seed: int) -> None:
