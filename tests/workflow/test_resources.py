@@ -64,9 +64,12 @@ def test_paper_estimates_by_hand(paper):
     assert softcka.by_model[""] == pytest.approx(3 * GB + 4 * big + 2 * 16 * 1000 * 64 * 2560 * 4, abs=1)
     assert softcka.by_model["Qwen/Qwen3-4B-Base"] == pytest.approx(3 * GB + 4 * 4.1e9 + 2 * 16 * 1000 * 64 * 4096 * 4,
                                                                    abs=1)
-    # stage 2: 1e9 tokens x (2 x teacher + 6 x student) FLOPs on 4 GPUs at 150 TFLOP/s, x 1.5, + 30 min
-    minutes = 1e9 * (2 * teacher + 6 * big) / (4 * 150e12) / 60 * 1.5 + 30
+    # stage 2: 1e9 tokens x (2 x teacher + 6 x student + 2 x student for the checkpointed forward + both heads
+    # recomputed in the KL's backward, 2 x 2 D V) FLOPs on 4 GPUs at 150 TFLOP/s, x 1.5, + 30 min
+    heads = 2 * 2 * s.hidden_size * s.vocab_size
+    minutes = 1e9 * (2 * teacher + 8 * big + heads) / (4 * 150e12) / 60 * 1.5 + 30
     assert rules["distill_stage2"].minutes == pytest.approx(minutes, abs=1)
+    assert (8 * big + heads) / (6 * big) > 1.2  # what the old plan left out
 
 
 def _jobs(text: str) -> list[tuple[str, dict[str, str], str]]:
@@ -149,3 +152,12 @@ def test_placement_and_the_srun_launch():
     assert cmd.endswith(":29600 --rdzv_id=$SLURM_JOB_ID")
     with pytest.raises(Exception, match="port"):
         srun_prefix(2, 1, port=80)
+
+
+def test_distill_flops_per_token_count_what_the_code_runs():
+    f = res.distill_flops_per_token
+    base = dict(p_teacher=10.0, p_student=8.0, p_trained=3.0, hidden=2, vocab=5)
+    assert f(1, **base, checkpointing=True, recompute_heads=True) == 2 * 10 + 6 * 3  # stage 1: mixers only
+    assert f(2, **base, checkpointing=False, recompute_heads=False) == 2 * 10 + 6 * 8
+    assert f(2, **base, checkpointing=True, recompute_heads=False) == 2 * 10 + 8 * 8
+    assert f(2, **base, checkpointing=True, recompute_heads=True) == 2 * 10 + 8 * 8 + 2 * 2 * 2 * 5

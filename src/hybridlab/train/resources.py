@@ -201,6 +201,26 @@ def _hub_params(name: str) -> float:
                          "hybridlab.train.resources.HUB_MODEL_PARAMS")
 
 
+def distill_flops_per_token(stage: int, *, p_teacher: float, p_student: float, p_trained: float, hidden: int,
+                            vocab: int, checkpointing: bool, recompute_heads: bool) -> float:
+    """Training FLOPs per token of one distillation stage, counting what the code runs:
+
+    - the frozen teacher's forward, 2 P_teacher;
+    - stage 1: the trained mixers' forward and backward, 6 P_trained (they run on the teacher's inputs, once);
+    - stage 2: the student's forward and backward, 6 P_student, plus a second forward of the student's decoder
+      (2 P_student) when its layers are checkpointed, plus, when the chunked KL recomputes the logits in its
+      backward instead of keeping them (`losses.KEPT_LOGITS_ELEMENTS`), both heads once more (2 x 2 D V).
+    """
+    if stage == 1:
+        return 2 * p_teacher + 6 * p_trained
+    flops = 2 * p_teacher + 6 * p_student
+    if checkpointing:
+        flops += 2 * p_student
+    if recompute_heads:
+        flops += 2 * (2 * hidden * vocab)
+    return flops
+
+
 def _train_minutes(flops: float, gpus: int) -> int:
     return math.ceil(flops / (gpus * SUSTAINED_FLOPS) / 60 * TIME_MARGIN) + STARTUP_MINUTES
 
@@ -274,18 +294,27 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         rule = f"distill_stage{stage}"
         n = gpus_of(rule)
         st = d[f"stage{stage}"]
-        tokens = st.get("token_budget") or st["steps"] * st["micro_batch_size"] * st.get("grad_accum", 1) * seq * n
+        # the global batch (micro_batch_size x grad_accum rows) does not depend on the process count
+        tokens = st.get("token_budget") or st["steps"] * st["micro_batch_size"] * st.get("grad_accum", 1) * seq
         worst = max(P_s, key=P_s.get)
         t, m = worst
         n_mix = shapes[t].num_layers - n_fa[t]
-        trained = n_mix * mixer_params(shapes[t], m) if stage == 1 else P_s[worst]
-        flops = tokens * (2 * P_t[t] + 6 * trained)
+        from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
+
+        # the KL keeps a micro-batch's logits (no recompute in backward) only while they fit KEPT_LOGITS_ELEMENTS
+        micro_tokens = st["micro_batch_size"] * seq
+        per_token = distill_flops_per_token(
+            stage, p_teacher=P_t[t], p_student=P_s[worst], p_trained=n_mix * mixer_params(shapes[t], m),
+            hidden=shapes[t].hidden_size, vocab=shapes[t].vocab_size,
+            checkpointing=bool(d.get("gradient_checkpointing")),
+            recompute_heads=2 * micro_tokens * shapes[t].vocab_size > KEPT_LOGITS_ELEMENTS)
+        flops = tokens * per_token
         # each rank loads the fp32 student and the bf16 teacher on the host before moving them to its GPU
         host = n * (CUDA_PROCESS_BYTES + 4 * P_s[worst] + 2 * P_t[t])
         disk = max(p.per_run for j, p in disks.items() if j.startswith(rule))
         out[rule] = RuleResources(rule, int(host), int(disk), _train_minutes(flops, n),
                                   f"{n} ranks x (CUDA process + fp32 student + bf16 teacher); time: "
-                                  f"{tokens:.3g} tokens x (2 P_teacher + 6 P_trained) FLOPs", gpus=n)
+                                  f"{tokens:.3g} tokens x {per_token:.3g} FLOPs (distill_flops_per_token)", gpus=n)
     # BLD-NL: the largest arm
     best = P_nl = 0
     for size, shape in nl.get("sizes", {}).items() if bld_study else ():
