@@ -228,3 +228,32 @@ def test_a_one_process_sharded_engine_frees_the_callers_weights_and_gives_them_b
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie survives
+
+
+def test_finish_gathers_the_weights_without_gradients_or_checkpointed_layers(monkeypatch):
+    """At the gather, the last update's gradients are gone and no list holds the sharded layers."""
+    from torch.distributed.checkpoint import state_dict as dcp_state_dict
+
+    from hybridlab.train.distributed import init_distributed
+    from hybridlab.train.fsdp import Engine
+
+    model = _worker().qwen()
+    ctx = init_distributed("cpu", "always")
+    seen = {}
+    gather = dcp_state_dict.get_model_state_dict
+
+    def spy(m, options=None):
+        seen["grads"] = [n for n, p in m.named_parameters() if p.grad is not None]
+        seen["ckpt_layers"] = list(engine._ckpt_layers)
+        return gather(m, options=options)
+
+    monkeypatch.setattr(dcp_state_dict, "get_model_state_dict", spy)
+    try:
+        engine = Engine(model, ctx, activation_checkpointing=True)
+        ids = torch.randint(0, model.config.vocab_size, (2, 8))
+        engine.run(lambda m, x: m(input_ids=x).logits.float().pow(2).mean(), ids).backward()
+        assert any(p.grad is not None for p in engine.model.parameters())
+        engine.finish()
+    finally:
+        ctx.close()
+    assert seen == {"grads": [], "ckpt_layers": []}

@@ -189,12 +189,16 @@ class Engine:
         The caller drops its optimiser (and any other reference to `engine.model`) before calling this.
         """
         _disable_checkpointing(self._ckpt_layers)
+        self._ckpt_layers = []  # they are the sharded copy's layers: no reference may outlive it
         self._unfuse()
         if not self.sharded:
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint import state_dict as dcp_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        for p in self.model.parameters():  # the last update's gradients are not part of the gathered state
+            p.grad = None
+        full = dcp_state_dict.get_model_state_dict(self.model, options=dcp_state_dict.StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
         self.model = self._root = None
         gc.collect()
         if self.ctx.device.type == "cuda":
