@@ -31,10 +31,28 @@ def test_terms_by_hand():
     assert t["_activations_full"] == 16 * (4 * per_tok + (2 * 128 + 2 * 64) * 2)
     assert t["activations"] == 4 * 16 * 64 * 2 + 16 * per_tok + 16 * (2 * 128 + 2 * 64) * 2
     # the 16 x 512 fp32 logits the CE keeps for its backward (under losses.KEPT_LOGITS_ELEMENTS; otherwise two
-    # chunks of rows), fp32 grad accumulators + bf16 casts, the final hidden
-    assert t["logits"] == 16 * 512 * 4 + (16 * 64 + 512 * 64) * 6 + 16 * 64 * 2
+    # chunks of rows), fp32 grad accumulators + bf16 casts, the final hidden, and the head's bf16 [V, D]
+    # weight-gradient product of the backward
+    assert t["logits"] == 16 * 512 * 4 + (16 * 64 + 512 * 64) * 6 + 16 * 64 * 2 + 512 * 64 * 2
     assert est.total == (t["parameters"] + t["optimizer"] + t["teacher"]
                          + max(t["activations"] + t["logits"], t["gradients"] + t["optimizer_step"]))
+    # a distillation run's held-out teacher memo is a term of its own, added to the peak
+    memo = plan.estimate_step(TOY, micro_batch=2, seq_len=8, world_size=2, precision="bf16", overhead_bytes=0,
+                              task="stage2", mixer="gdn", mixer_layers=2, heldout_memo_bytes=10**6)
+    plain = plan.estimate_step(TOY, micro_batch=2, seq_len=8, world_size=2, precision="bf16", overhead_bytes=0,
+                               task="stage2", mixer="gdn", mixer_layers=2)
+    assert memo.terms["heldout_memo"] == 10**6 and memo.total == plain.total + 10**6
+
+
+def test_the_paper_plan_counts_the_held_out_teacher_memo():
+    from hybridlab.config import load
+
+    plans = {p.job: p for p in plan.plan_preset(load("config.yaml", {"scale": "paper"}))}
+    s = plan.shape_of("Qwen/Qwen3-4B")
+    # 8 rows of each of the 27 mixture languages (26 + English) x 4,096 tokens x 2,560 x bf16 = 4.53 GB
+    want = 8 * 27 * 4096 * s.hidden_size * 2
+    assert plans["distill_stage2 Qwen--Qwen3-4B gdn"].estimate.terms["heldout_memo"] == want
+    assert 4.5e9 < want < 4.6e9
 
 
 def test_hybrid_params_are_exact():

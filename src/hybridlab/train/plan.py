@@ -196,7 +196,7 @@ class Estimate:
         t = self.terms
         if self.formula == "train":
             return (t["parameters"] + t["optimizer"] + t["teacher"] + t["cuda_context"] + t["gradients_resident"]
-                    + max(t["activations"] + t["logits"], t["gradients"] - t["gradients_resident"] + t["optimizer_step"]))
+                    + t.get("heldout_memo", 0) + max(t["activations"] + t["logits"], t["gradients"] - t["gradients_resident"] + t["optimizer_step"]))
         return sum(v for k, v in t.items() if not k.startswith("_"))
 
 
@@ -211,8 +211,11 @@ def estimate_step(config: Any, *, micro_batch: int, seq_len: int, world_size: in
                   teacher: Any = None, precision: str = "bf16", checkpointing: bool = True, optimizer: str = "adamw",
                   chunk_tokens: int = 1024, vocab_chunk: int | None = None, logits: str = "chunked",
                   teacher_sharded: bool | None = None, grad_accum: int = 1, overhead_bytes: int | None = None,
-                  gpu_mem_bytes: float = 80 * GB, backend: str | None = None) -> Estimate:
+                  gpu_mem_bytes: float = 80 * GB, backend: str | None = None,
+                  heldout_memo_bytes: int = 0) -> Estimate:
     """Peak bytes per rank of one training step; see the module docstring for the arguments.
+    `heldout_memo_bytes`: what a distillation run keeps across its evaluations (the teacher's final hidden
+    states of the held-out rows, on every rank), a term of its own.
 
     Peak = parameters + optimizer + teacher + cuda_context + gradients kept across micro-batches
     + max(activations + logits during the backward, fresh gradients + the optimizer step's temporaries).
@@ -296,9 +299,14 @@ def estimate_step(config: Any, *, micro_batch: int, seq_len: int, world_size: in
             chunks = kept * 4
         else:
             chunks = (1 + sides) * chunk
+        # + the student head's weight-gradient product of the backward (gz^T @ h, [V, D] in the compute dtype,
+        # before it is added to the fp32 accumulator) when the head trains
+        head_grad = head * cb if task in ("lm", "stage2") else 0
         terms["logits"] = (chunks + (n * s.hidden_size + head) * (4 + (2 if cuda else 0))
-                           + sides * n * s.hidden_size * cb)
+                           + sides * n * s.hidden_size * cb + head_grad)
     terms["cuda_context"] = (CUDA_CONTEXT_BYTES if overhead_bytes is None else overhead_bytes) if cuda else 0
+    if heldout_memo_bytes:
+        terms["heldout_memo"] = int(heldout_memo_bytes)
     return Estimate(terms, N, notes, formula="train")
 
 
@@ -391,9 +399,14 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
             precision=prec, checkpointing=False, logits="full", gpu_mem_bytes=limit), limit, gpus, True))
     else:
         teachers = {name.replace("/", "--"): name for name in C["models"]["teachers"]}
+    # the held-out curve rows (eval_rows_per_language of each mixture language), whose teacher final hidden
+    # states a distillation run keeps on every rank across its evaluations (train.distill.heldout_curve_metrics)
+    english = C["languages"]["english"]
+    curve_rows = (d.get("eval_rows_per_language") or 0) * len(set(data.get("mono_languages", [])) | {english})
     for tname, tcfg in teachers.items():
         s = shape_of(tcfg)
         n_mix = s.num_layers - _n_fa(s.num_layers, exp["distill"]["fa_ratio"])
+        memo = curve_rows * data["seq_len"] * s.hidden_size * (2 if prec == "bf16" else 4)
         for mixer in exp["distill"]["mixers"]:
             for stage in (1, 2):
                 st = d[f"stage{stage}"]
@@ -404,7 +417,7 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
                                   vocab_chunk=d["kl_vocab_chunk"], grad_accum=st.get("grad_accum", 1),
                                   # what the engine does: train.distill.teacher_sharding (replicate by default)
                                   teacher_sharded=d.get("teacher_sharding", "replicate") == "shard",
-                                  gpu_mem_bytes=limit), limit, gpus, True))
+                                  gpu_mem_bytes=limit, heldout_memo_bytes=memo), limit, gpus, True))
         jobs.append(_verdict(f"eval_perplexity {tname} {mixer}", lambda k, s=s: estimate_forward(
             s, batch=d["eval_batch_size"], seq_len=data["seq_len"], mixer=exp["distill"]["mixers"][-1],
             mixer_layers=n_mix, precision=prec, chunk_tokens=d["kl_chunk_tokens"]), limit, gpus, False))
@@ -463,10 +476,10 @@ def plan_preset(raw_config: dict, *, gpu_mem_gb: float = 80, gpus: int | None = 
 
 
 TERM_COLUMNS = ("parameters", "gradients", "optimizer", "optimizer_step", "teacher", "activations",
-                "_activations_full", "logits", "cache", "cuda_context")
+                "_activations_full", "logits", "heldout_memo", "cache", "cuda_context")
 _HEAD = {"parameters": "params", "gradients": "grads", "optimizer": "optim", "optimizer_step": "opt.step",
          "teacher": "teacher", "activations": "acts", "_activations_full": "acts(no ckpt)", "logits": "logits",
-         "cache": "cache", "cuda_context": "ctx"}
+         "heldout_memo": "memo", "cache": "cache", "cuda_context": "ctx"}
 
 
 def format_table(plans: list[JobPlan], gpu_mem_gb: float) -> str:
@@ -482,8 +495,9 @@ def format_table(plans: list[JobPlan], gpu_mem_gb: float) -> str:
         rows.append(cells)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    legend = ("GB per rank (1e9 bytes). peak = params + optim + teacher + ctx + max(acts + logits, grads + opt.step)"
-              " (grads stay resident with gradient accumulation); ctx is a fixed CUDA context/fragmentation allowance.")
+    legend = ("GB per rank (1e9 bytes). peak = params + optim + teacher + memo + ctx + max(acts + logits, grads + "
+              "opt.step) (grads stay resident with gradient accumulation); memo: the held-out teacher states a "
+              "distillation run keeps; ctx is a fixed CUDA context/fragmentation allowance.")
     return "\n".join([legend, fmt(head), *(fmt(r) for r in rows)])
 
 
