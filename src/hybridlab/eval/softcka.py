@@ -145,6 +145,12 @@ def cka_from_grams(K: torch.Tensor, L: torch.Tensor, *, centered: bool = False, 
     return float((Kc * Lc).sum()) / denom
 
 
+def _resample_weights(idx_BN: np.ndarray, n: int) -> np.ndarray:
+    """(B, n) sentence weights of B bootstrap index sets: how often each sentence was drawn, over n."""
+    B = idx_BN.shape[0]
+    return np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
+
+
 def _check_pooled(G: torch.Tensor) -> int:
     if G.dim() != 2 or G.shape[0] != G.shape[1] or G.shape[0] % 2 or G.shape[0] < 4:
         raise HybridlabError(f"the pooled Gram must be square with 2N >= 4 rows (N English then N language-X "
@@ -172,11 +178,11 @@ def pair_alignment(pooled_gram: torch.Tensor) -> torch.Tensor:
     return _cosines(ex_N, ee_N, xx_N)
 
 
-def pooled_pair_alignment(pooled_gram: torch.Tensor, *, centered: bool = False) -> torch.Tensor:
+def pooled_pair_alignment(pooled_gram: torch.Tensor) -> torch.Tensor:
     """The pooled-centring variant per pair ([N]): ONE centring over all 2N sets (G~ = H G H), then the same
     cosine. It keeps the language offset in the vectors (module docstring); reported as `alignment_pooled`."""
     n = _check_pooled(pooled_gram)
-    Gc = pooled_gram.double() if centered else center_gram(pooled_gram)
+    Gc = center_gram(pooled_gram)
     idx = torch.arange(n)
     return _cosines(Gc[idx, idx + n], Gc[idx, idx], Gc[idx + n, idx + n])
 
@@ -190,34 +196,28 @@ class LanguageOffset:
     mmd: float
 
 
-def _offset_terms(G: torch.Tensor, p_BN: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(MMD^2, s_E^2, s_X^2) per row of sentence weights p_BN (each row sums to 1; one pair = one weight)."""
+def _offsets(G: np.ndarray, p_BN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, MMD^2) per row of sentence weights p_BN (each row sums to 1; one pair = one weight, the same
+    for both languages) from the pooled Gram's blocks."""
     n = G.shape[0] // 2
-    Gn = G.double().cpu().numpy()
-    ee, xx, ex = Gn[:n, :n], Gn[n:, n:], Gn[:n, n:]
+    ee, xx, ex = G[:n, :n], G[n:, n:], G[:n, n:]
 
     def quad(M):
         return ((p_BN @ M) * p_BN).sum(1)
 
-    q_ee, q_xx, q_ex = quad(ee), quad(xx), quad(ex)
-    mmd2 = q_ee + q_xx - 2.0 * q_ex
-    return mmd2, p_BN @ np.diag(ee) - q_ee, p_BN @ np.diag(xx) - q_xx
-
-
-def _offset_from_terms(mmd2, s_e2, s_x2) -> np.ndarray:
-    spread = np.clip((s_e2 + s_x2) / 2.0, 0.0, None)
+    q_ee, q_xx = quad(ee), quad(xx)
+    mmd2 = q_ee + q_xx - 2.0 * quad(ex)
+    spread = np.clip((p_BN @ np.diag(ee) - q_ee + p_BN @ np.diag(xx) - q_xx) / 2.0, 0.0, None)
     ratio = np.divide(np.clip(mmd2, 0.0, None), spread, out=np.full_like(spread, np.nan), where=spread > 0)
-    return np.sqrt(ratio)
+    return np.sqrt(ratio), mmd2
 
 
 def language_offset(pooled_gram: torch.Tensor) -> LanguageOffset:
     """The language offset of the pooled 2N x 2N set-kernel Gram (module docstring): MMD between the two
     languages' kernel mean embeddings over the within-language spread."""
     n = _check_pooled(pooled_gram)
-    p_1N = np.full((1, n), 1.0 / n)
-    mmd2, s_e2, s_x2 = _offset_terms(pooled_gram, p_1N)
-    return LanguageOffset(offset=float(_offset_from_terms(mmd2, s_e2, s_x2)[0]),
-                          mmd=math.sqrt(max(float(mmd2[0]), 0.0)))
+    offset, mmd2 = _offsets(pooled_gram.double().cpu().numpy(), np.full((1, n), 1.0 / n))
+    return LanguageOffset(offset=float(offset[0]), mmd=math.sqrt(max(float(mmd2[0]), 0.0)))
 
 
 def offset_bootstrap(pooled_gram: torch.Tensor, n_boot: int, seed: int = 0, level: float = 0.95):
@@ -227,11 +227,10 @@ def offset_bootstrap(pooled_gram: torch.Tensor, n_boot: int, seed: int = 0, leve
     from hybridlab.eval.stats import bootstrap_ci_indices
 
     n = _check_pooled(pooled_gram)
+    G = pooled_gram.double().cpu().numpy()
 
     def offset_of(idx_BN: np.ndarray) -> np.ndarray:
-        B = idx_BN.shape[0]
-        p = np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
-        return _offset_from_terms(*_offset_terms(pooled_gram, p))
+        return _offsets(G, _resample_weights(idx_BN, n))[0]
 
     return bootstrap_ci_indices(n, offset_of, n_boot=n_boot, level=level, seed=seed, batched=True)
 
@@ -294,8 +293,7 @@ def cka_bootstrap(K: torch.Tensor, L: torch.Tensor, n_boot: int, seed: int = 0, 
         """CKA of every replicate of a (B, N) batch of index sets, from sentence weights p = counts / N: the
         resampled Grams' centred inner product is sum_ab p_a p_b Kc_ab Lc_ab = p'(K o L)p - 2 p.(Kp o Lp)
         + (p'Kp)(p'Lp) (weighted centring), so a batch costs a few [B, N] x [N, N] products."""
-        B = idx_BN.shape[0]
-        p = np.bincount((idx_BN + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n) / n
+        p = _resample_weights(idx_BN, n)
         kp, lp = p @ Kn, p @ Ln  # K and L are symmetric
 
         def centred(M, a, b):  # M = A o B, a = pA, b = pB

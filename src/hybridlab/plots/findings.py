@@ -408,7 +408,8 @@ def _niah_length_row(pair: str, g: pl.DataFrame, rule: dict, seed: int) -> dict 
     return _row(MULTI, NIAH_LENGTH, pair,
                 f"accuracy change {short} -> {long} tokens, hybrid minus dense, mean over language x task strata "
                 "completed by both models (accuracy over completed examples)", +1, float(effect(p)), float(lo),
-                float(hi), over, rule["n_seeds"], "", math.nan, "niah", note, units=rule["units"], students=rule["students"])
+                float(hi), over, rule["n_seeds"], "", math.nan, "niah", note, units=rule["units"],
+                students=rule["students"])
 
 
 def _niah_rows(niah: pl.DataFrame, seed: int = 0) -> list[dict]:

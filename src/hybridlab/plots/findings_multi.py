@@ -108,7 +108,8 @@ def attn_delta_rows(softcka: pl.DataFrame, softcka_seeds: pl.DataFrame | None = 
                      f"at the first FA layer (decoder layer {f}) minus the largest such distance at any other layer, "
                      "hybrid only", +1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"],
                      "sign test over languages", F._sign_p(d), "softcka", f"the first FA layer's output is the most "
-                     f"extreme in {sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"], students=rule["students"])
+                     f"extreme in {sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"],
+                     students=rule["students"])
 
         def margin_mean(rows):
             m = extreme_margins(rows.filter(pl.col("role") == "hybrid"), "alignment")[1]
@@ -143,7 +144,8 @@ def swa_rows(softcka: pl.DataFrame) -> list[dict]:
                           f"global-attention layer (hidden row {f}) minus the largest |change| at any other layer",
                           -1, float(np.mean(d)), lo, hi, rule["ci_over"], rule["n_seeds"], "sign test over languages",
                           F._sign_p(d), "softcka", f"largest |change| at the first global layer in "
-                          f"{sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"], students=rule["students"]))
+                          f"{sum(x > 0 for x in d)} of {len(d)} languages", units=rule["units"],
+                          students=rule["students"]))
     return out
 
 
@@ -514,5 +516,6 @@ def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
                                       "languages)", f"token-pooled held-out {metric.upper()} difference ({arm} - "
                                       f"{other}), nats", -1, c["effect"], c["effect_lo"], c["effect_hi"],
                                       "seeds (t-interval)", c["n_seeds"], "sign-flip permutation over held-out rows",
-                                      c["p_perm"], "perplexity_rows", students=((teacher, mixer, arm), (teacher, mixer, other))))
+                                      c["p_perm"], "perplexity_rows",
+                                      students=((teacher, mixer, arm), (teacher, mixer, other))))
     return out

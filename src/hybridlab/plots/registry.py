@@ -230,7 +230,7 @@ def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: "FigureJo
         if not (out_csv and out_md):
             raise HybridlabError(f"table '{name}' needs --out-csv and --out-md")
         kwargs = {"baseline": job.baseline_placement} if job.baseline_placement else {}
-        if job.converged_kl is not UNSET and job.converged_kl is not None:
+        if job.converged_kl is not UNSET:
             kwargs["kl_limit"] = job.converged_kl
         df = render_table(name, tables, **kwargs)
         write_table(df, out_csv, out_md)

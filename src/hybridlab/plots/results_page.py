@@ -150,7 +150,8 @@ def results_markdown(findings: pl.DataFrame, gaps: pl.DataFrame, times: pl.DataF
         over = stage2.group_by("placement").agg(pl.col("kl").mean()).filter(pl.col("kl") > kl_limit)
         gate = (f" A row about the distilled students is decided only when each of them ends within {kl_limit:g} nat "
                 f"of held-out KL of its teacher; {over.height} of {stage2['placement'].n_unique()} students are "
-                "not, so their rows read \"students not converged\".")
+                "not at stage 2's last curve evaluation (the table below), so their rows read \"students not "
+                "converged\" (the findings read the KL of the held-out table, `students_kl`).")
     parts += ["## Findings next to the study", "",
               "Verdicts follow docs/methods.md \"Findings table\": a row is reproduced or contradicted only when "
               "its interval decides it; censored or one-seed rows are inconclusive." + gate, "",

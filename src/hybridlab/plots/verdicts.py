@@ -91,7 +91,8 @@ def placement_students(rows: pl.DataFrame, teacher: str, mixer: str, placements=
 def students_kl(perplexity_rows: pl.DataFrame | None) -> dict[tuple[str, str, str], float]:
     """{(teacher, mixer, placement): held-out KL(teacher || student)}: token-pooled over every held-out row
     and language, then the mean over the student's seeds."""
-    if perplexity_rows is None or not {"teacher", "mixer", "placement", "kl", "n_tokens"} <= set(perplexity_rows.columns):
+    need = {"teacher", "mixer", "placement", "kl", "n_tokens"}
+    if perplexity_rows is None or not need <= set(perplexity_rows.columns):
         return {}
     r = perplexity_rows.filter(pl.col("placement").is_not_null() & pl.col("kl").is_not_null())
     seed = ["seed"] if "seed" in r.columns else []

@@ -196,7 +196,8 @@ class Estimate:
         t = self.terms
         if self.formula == "train":
             return (t["parameters"] + t["optimizer"] + t["teacher"] + t["cuda_context"] + t["gradients_resident"]
-                    + t.get("heldout_memo", 0) + max(t["activations"] + t["logits"], t["gradients"] - t["gradients_resident"] + t["optimizer_step"]))
+                    + t.get("heldout_memo", 0)
+                    + max(t["activations"] + t["logits"], t["gradients"] - t["gradients_resident"] + t["optimizer_step"]))
         return sum(v for k, v in t.items() if not k.startswith("_"))
 
 

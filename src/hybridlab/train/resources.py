@@ -231,6 +231,7 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     from hybridlab.train.arms import layer_kinds
     from hybridlab.train.bld_nl import bld_nl_need_tokens
     from hybridlab.train.disk_plan import disk_preset
+    from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
     from hybridlab.train.model_shapes import _n_fa, dense_params, mixer_params, model_params, shape_of
 
     data, exp, tr = C["data"], C["experiments"], C["train"]
@@ -299,8 +300,6 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         worst = max(P_s, key=P_s.get)
         t, m = worst
         n_mix = shapes[t].num_layers - n_fa[t]
-        from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
-
         # the KL keeps a micro-batch's logits (no recompute in backward) only while they fit KEPT_LOGITS_ELEMENTS
         micro_tokens = st["micro_batch_size"] * seq
         per_token = distill_flops_per_token(
