@@ -512,6 +512,11 @@ TRAIN_FILES = ["model.safetensors", "metrics.parquet"]
 
 # Distillation outputs: save_hybrid layout + the stage's metrics (step-0 row = before the first update).
 DISTILL_FILES = ["config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"]
+# experiments.distill.stage1: shared (one stage 1 per teacher x mixer x seed with every layer converted, each
+# placement's stage-1 student assembled from it) or per_placement (one stage 1 per student).
+SHARED_STAGE1 = C["experiments"]["distill"].get("stage1", "shared") == "shared"
+# the placements whose stage 1 the distill_stage1 rule trains
+STAGE1_TRAINED = ALL_MIXERS if SHARED_STAGE1 else "|".join(PLACEMENTS)
 
 
 def distill_params(stage, seed):

@@ -2,7 +2,8 @@
 
 
 rule distill_stage1:
-    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only)."""
+    """Stage 1: align each mixer's output to the frozen teacher attention output (L2, mixers only); with a shared
+    stage 1 this trains only the all_mixers student (every layer converted) of each teacher x mixer x seed."""
     input:
         student=[
             R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
@@ -17,10 +18,10 @@ rule distill_stage1:
     benchmark:
         BENCH("train", "distill_stage1_{teacher}_{placement}-{mixer}_seed{seed}")
     wildcard_constraints:
-        placement="|".join(PLACEMENTS),
+        placement=STAGE1_TRAINED,
         mixer="gdn|kda|gla",
         seed=SEED_RE,
-    priority: PRIORITY["distill"]
+    priority: PRIORITY["importance" if SHARED_STAGE1 else "distill"]
     conda:
         CUDA_ENV
     threads: TRAIN_THREADS
@@ -39,12 +40,58 @@ rule distill_stage1:
         "--student {params.student} --mixture {params.mixture} --work {params.work} --out {params.out} > {log} 2>&1"
 
 
-use rule distill_stage1 as importance_stage1 with:
-    wildcard_constraints:
-        placement=ALL_MIXERS,
-        mixer="gdn|kda|gla",
-        seed=SEED_RE,
-    priority: PRIORITY["importance"]
+if SHARED_STAGE1:
+
+    rule assemble_stage1:
+        """A placement's stage-1 student: its converted hybrid with the mixers of the shared stage 1 of its teacher x
+        mixer x seed (exactly what its own teacher-forced stage 1 would train); evaluated before and after."""
+        input:
+            student=[
+                R("models", f"students/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/{f}")
+                for f in MODEL_FILES + ["hybrid.json"]
+            ],
+            shared=[
+                R("train", f"distill/seed{{seed}}/{{teacher}}/{ALL_MIXERS}-{{mixer}}/stage1/{f}")
+                for f in DISTILL_FILES
+            ],
+            teacher=[R("models", f"teachers/{{teacher}}/{f}") for f in MODEL_FILES],
+            mixture=lambda wc: mixture_files(teacher_tok(wc.teacher), "multilingual"),
+        output:
+            [R("train", f"distill/seed{{seed}}/{{teacher}}/{{placement}}-{{mixer}}/stage1/{f}") for f in DISTILL_FILES],
+        log:
+            LOG("train", "assemble_stage1_{teacher}_{placement}-{mixer}_seed{seed}"),
+        benchmark:
+            BENCH("train", "assemble_stage1_{teacher}_{placement}-{mixer}_seed{seed}")
+        wildcard_constraints:
+            placement="|".join(PLACEMENTS),
+            mixer="gdn|kda|gla",
+            seed=SEED_RE,
+        priority: PRIORITY["distill"]
+        conda:
+            CUDA_ENV
+        threads: TRAIN_THREADS
+        resources:
+            **job_resources("assemble_stage1", gpus(1)),
+        params:
+            cfg=lambda wc: distill_params(2, wc.seed),
+            teacher=input_dir("teacher"),
+            student=input_dir("student"),
+            shared=input_dir("shared"),
+            mixture=input_dir("mixture"),
+            out=lambda wc: distill_dir(wc.teacher, wc.placement, wc.mixer, "stage1", wc.seed),
+        shell:
+            "python workflow_scripts/assemble_stage1.py --params {params.cfg:q} --teacher {params.teacher} "
+            "--student {params.student} --shared {params.shared} --mixture {params.mixture} --out {params.out} "
+            "> {log} 2>&1"
+
+else:
+
+    use rule distill_stage1 as importance_stage1 with:
+        wildcard_constraints:
+            placement=ALL_MIXERS,
+            mixer="gdn|kda|gla",
+            seed=SEED_RE,
+        priority: PRIORITY["importance"]
 
 
 rule distill_stage2:

@@ -1,7 +1,7 @@
 """Distil a dense teacher into its converted hybrid: stage 1 (attention alignment) or stage 2 (logit KL).
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work
-(`--restart` starts over). The run itself is `hybridlab.train.jobs.distill` (what it writes: see its
+(`--restart` starts over). The run itself is `hybridlab.train.distill_jobs.distill` (what it writes: see its
 docstring; below: the --params keys of each stage).
 """
 
@@ -10,7 +10,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import DISTILL_JOBS, describe_job
-    from hybridlab.train import jobs
+    from hybridlab.train import distill_jobs
 
     p = _common.parser(__doc__, "\n\n".join(describe_job(cls) for cls in DISTILL_JOBS.values()))
     p.add_argument("--stage", required=True, type=int, choices=(1, 2), help="distillation stage")
@@ -21,7 +21,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="output hybrid directory")
     p.add_argument("--restart", action="store_true", help="delete previous checkpoints and start over")
     args = p.parse_args()
-    jobs.distill(_common.load_job(DISTILL_JOBS[args.stage], args.params), stage=args.stage, teacher=args.teacher, student=args.student,
+    distill_jobs.distill(_common.load_job(DISTILL_JOBS[args.stage], args.params), stage=args.stage, teacher=args.teacher, student=args.student,
                  mixture=args.mixture, work=args.work, out=args.out, restart=args.restart)
 
 

@@ -157,6 +157,7 @@ def _check_meaning(config: dict) -> None:
             raise HybridlabError(f"config: presets.{scale}.experiments.distill.placement_seeds names {extra}, which "
                                  f"are not placements of the experiment ({', '.join(distill['placements'])})")
         _check_searched(config, scale, distill["placements"])
+        _check_shared_stage1(config["presets"][scale], scale, distill)
         gguf = sorted(set(config["presets"][scale]["models"].get("gguf") or {})
                       - set(config["presets"][scale]["models"].get("teachers") or []))
         if gguf:
@@ -287,6 +288,21 @@ def _check_searched(config: dict, scale: str, placements: list[str]) -> None:
         if g not in have:
             raise HybridlabError(f"config: presets.{scale} runs searched_{g} but eval.layer_importance.languages has "
                                  f"no {g} language; add one")
+
+def _check_shared_stage1(preset: dict, scale: str, distill: dict) -> None:
+    """A shared stage 1 trains each layer as a placement's own would only with teacher inputs and no global clip."""
+    train = (preset.get("train") or {}).get("distill")
+    if distill.get("stage1", "shared") != "shared" or not train:
+        return
+    where = f"config: presets.{scale}"
+    if train.get("stage1_inputs") != "teacher":
+        raise HybridlabError(f"{where}.train.distill.stage1_inputs is {train.get('stage1_inputs')!r}, but a shared "
+                             "stage 1 feeds every mixer the teacher's inputs; set experiments.distill.stage1: "
+                             "per_placement for student inputs")
+    if train["stage1"].get("grad_clip", 1.0) is not None:
+        raise HybridlabError(f"{where}.train.distill.stage1.grad_clip couples the layers of a shared stage 1 "
+                             "(one global norm); set it to null, or experiments.distill.stage1: per_placement")
+
 
 def validate(config: dict) -> dict:
     """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it."""

@@ -237,7 +237,7 @@ _DELETE = object()
      "config: missing key 'oneruler_dir' in presets.tiny.eval.analysis.niah (required: oneruler_dir)"),
     ("presets.tiny.train.distill.stage1.token_budget", 10,
      "config: presets.tiny.train.distill.stage1: {'steps': 12, 'micro_batch_size': 8, 'lr': 0.003, 'warmup_steps': 2, "
-     "'token_budget': 10} is valid under each of {'required': ['token_budget']}, {'required': ['steps']}"),
+     "'grad_clip': None, 'token_budget': 10} is valid under each of {'required': ['token_budget']}, {'required': ['steps']}"),
     ("presets.tiny.experiments.bld_nl", {"mixers": ["mamba"]},
      "presets.tiny.experiments overrides: config: experiments.bld_nl.mixers[0] = 'mamba' is not allowed "
      "(allowed: gdn, kda, gla)"),
@@ -259,3 +259,15 @@ def test_searched_placements_need_the_layer_importance_section(base):
     assert "searched_latin but eval.layer_importance.languages has no latin language" in _err(c)
     c["presets"]["tiny"]["eval"]["layer_importance"]["languages"] = ["yor_Latn"]
     assert "layer_importance.languages ['yor_Latn'] are not in data.parallel_languages" in _err(c)
+
+
+def test_a_shared_stage1_needs_teacher_inputs_and_no_global_clip(base):
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["train"]["distill"]["stage1"]["grad_clip"] = 1.0
+    assert _err(c).startswith("config: presets.tiny.train.distill.stage1.grad_clip couples the layers")
+    c = copy.deepcopy(base)
+    c["presets"]["tiny"]["train"]["distill"]["stage1_inputs"] = "student"
+    assert "presets.tiny.train.distill.stage1_inputs is 'student'" in _err(c)
+    c["experiments"]["distill"]["stage1"] = "per_placement"  # one stage 1 per placement takes either
+    c["presets"]["tiny"]["train"]["distill"]["stage1"]["grad_clip"] = 1.0
+    cfg.validate(c)

@@ -104,7 +104,7 @@ def test_experiments_round_trip_and_defaults(base):
     obj = spec.build("experiments", base["experiments"])
     assert obj.distill.conv_init == "random" and obj.bld_nl.seeds == [0, 1, 2]
     assert spec.to_dict(obj) == base["experiments"]
-    assert spec.section_defaults("experiments.distill") == {"conv_init": "random"}
+    assert spec.section_defaults("experiments.distill") == {"conv_init": "random", "stage1": "shared"}
     assert spec.section_defaults("train.distill.stage1")["schedule"] == "cosine"
     stage = spec.build("train.distill.stage1", {"steps": 3, "micro_batch_size": 1, "lr": 1e-3})
     assert stage.token_budget is spec.UNSET and stage.grad_accum == 1 and stage.precision == "auto"

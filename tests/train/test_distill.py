@@ -108,8 +108,8 @@ def test_stage1_loss_matches_a_hand_computed_alignment():
         t_out = t_layer.self_attn(hidden_states=x, position_embeddings=pos, attention_mask=None)[0]
         s_out = s_attn.mixer(x)[0]
         ref.append(((s_out - t_out) ** 2).sum(-1).mean())
-    ref_mean = torch.stack(ref).mean()
-    torch.testing.assert_close(loss, ref_mean, atol=1e-5, rtol=1e-4)
+    ref_sum = torch.stack(ref).sum()  # summed over layers: each mixer's gradient is its own layer's term
+    torch.testing.assert_close(loss, ref_sum, atol=1e-5, rtol=1e-4)
     assert set(per_layer) == {"align/1", "align/2"}
     torch.testing.assert_close(per_layer["align/2"], ref[1].detach(), atol=1e-5, rtol=1e-4)
     assert loss.item() > 1e-4  # a fresh mixer is not the attention
@@ -154,6 +154,59 @@ def test_stage1_trains_only_the_mixers_and_lowers_the_alignment_loss(tmp_path):
     assert changed and all(".self_attn.mixer." in k for k in changed)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
     task.close()
+
+
+def test_a_student_assembled_from_the_shared_stage1_equals_its_own_teacher_forced_stage1(tmp_path):
+    # One stage 1 with every layer converted, then a placement's converted student takes its mixers from it: the
+    # same weights as that placement's own stage 1 on the same rows (summed loss, no global-norm clip, per-layer
+    # mixer seeds), while a clipped run would couple the layers.
+    teacher = _qwen(layers=4)
+    data = Rows(24)
+
+    def stage1(fa_layers, clip):
+        student = convert_to_hybrid(teacher, fa_layers, "gdn", seed=5)
+        distill.freeze_all_but_mixers(student)
+        task = distill.Stage1Task(teacher, student)
+        cfg = TrainConfig(out_dir=str(tmp_path / f"{fa_layers}{clip}"), steps=6, micro_batch_size=4, lr=3e-3,
+                          warmup_steps=1, weight_decay=0.1, grad_clip=clip, progress=False, seed=7)
+        train(student, task, data, cfg)
+        task.close()
+        return student
+
+    shared = stage1([], None)
+    own = stage1([0, 2], None)
+    converted = convert_to_hybrid(teacher, [0, 2], "gdn", seed=5)
+    fresh_shared = convert_to_hybrid(teacher, [], "gdn", seed=5)
+    for i in (1, 3):  # conversion draws layer i's mixer alike whatever else is converted
+        a, b = converted.model.layers[i].self_attn.state_dict(), fresh_shared.model.layers[i].self_attn.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert distill.assemble(converted, shared) == [1, 3]
+    mine, ref = converted.state_dict(), own.state_dict()
+    assert mine.keys() == ref.keys()
+    moved = [k for k in ref if ".mixer." in k and not torch.equal(ref[k], fresh_shared.state_dict()[k])]
+    assert moved  # stage 1 trained the mixers
+    for k in ref:
+        torch.testing.assert_close(mine[k], ref[k], atol=1e-6, rtol=1e-5, msg=k)
+    # the FA layers stay the teacher's
+    t = teacher.state_dict()
+    assert all(torch.equal(mine[k], t[k]) for k in t if k.startswith(("model.layers.0.", "model.layers.2.")))
+    # clipping the global norm couples the layers: the assembled student is then not the placement's own run
+    clipped_shared, clipped_own = stage1([], 1e-3), stage1([0, 2], 1e-3)
+    again = convert_to_hybrid(teacher, [0, 2], "gdn", seed=5)
+    distill.assemble(again, clipped_shared)
+    worst = max((again.state_dict()[k] - clipped_own.state_dict()[k]).abs().max().item() for k in moved)
+    assert worst > 1e-4
+
+
+def test_assemble_refuses_a_shared_stage1_of_another_structure():
+    teacher = _qwen(layers=4)
+    student = convert_to_hybrid(teacher, [0], "gdn", seed=5)
+    with pytest.raises(HybridlabError, match="no mixer at layers"):
+        distill.assemble(student, convert_to_hybrid(teacher, [1], "gdn", seed=5))
+    with pytest.raises(HybridlabError, match="hybrid"):
+        distill.assemble(student, convert_to_hybrid(teacher, [], "gla", seed=5))
+    with pytest.raises(HybridlabError, match="mixer config differs"):
+        distill.assemble(student, convert_to_hybrid(teacher, [], "gdn", seed=5, conv_init="identity"))
 
 
 @pytest.mark.parametrize("make", [_qwen, _granite])

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
-from hybridlab.train import jobs
+from hybridlab.train import distill_jobs, jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["pretrain_teacher", "distill", "train_bld_sr", "train_bld_nl"]
@@ -154,11 +154,30 @@ def student(teacher, tmp_path_factory):
     return out
 
 
-def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, teacher, student, tmp_path):
-    s1 = jobs.distill(_distill_params(1), stage=1, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, teacher, student, tmp_path,
+                                                                     monkeypatch):
+    from hybridlab.data.packed_dataset import PackedDataset
+
+    read: dict[int, list[int]] = {}  # train rows read per stage (the train split is the longer one)
+    item = PackedDataset.__getitem__
+
+    def recording(self, i):
+        if len(self) == n_train:
+            read.setdefault(stage, []).append(int(i))
+        return item(self, i)
+
+    n_train = len(PackedDataset(corpus["mixture"], "train"))
+    monkeypatch.setattr(PackedDataset, "__getitem__", recording)
+    stage = 1
+    s1 = distill_jobs.distill(_distill_params(1), stage=1, teacher=str(teacher), student=student, mixture=corpus["mixture"],
                       work=tmp_path / "w1", out=tmp_path / "stage1")
-    s2 = jobs.distill(_distill_params(2), stage=2, teacher=str(teacher), student=tmp_path / "stage1",
+    stage = 2
+    s2 = distill_jobs.distill(_distill_params(2), stage=2, teacher=str(teacher), student=tmp_path / "stage1",
                       mixture=corpus["mixture"], work=tmp_path / "w2", out=tmp_path / "stage2")
+    # stage 2 reads only rows stage 1 never saw, and starts from stage 1's last evaluation (the same weights)
+    assert read[1] and read[2] and not set(read[1]) & set(read[2])
+    assert s1["train_rows"] == {"n": n_train, "seed": 0, "seen": len(read[1])}
+    assert s2["initial"] == {k: v for k, v in s1["final"].items() if k != "align"}
     for stage, summary in ((1, s1), (2, s2)):
         out = tmp_path / f"stage{stage}"
         assert {"config.json", "model.safetensors", "hybrid.json", "metrics.parquet", "summary.json"} <= {
@@ -166,11 +185,13 @@ def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, tea
         assert _published(out) == json.loads(json.dumps(summary))
         metrics = pl.read_parquet(out / "metrics.parquet")
         assert set(summary) == {"stage", "steps", "tokens", "trainable_parameters", "train_seconds", "precision",
-                                "initial", "final"}
+                                "initial", "final", "eval_rows", "train_rows"}
         assert summary["precision"] in ("fp32", "bf16")  # the precision the stage resolved to and ran at
         assert summary["stage"] == stage and summary["steps"] == 2 and summary["tokens"] == metrics["tokens"][-1] > 0
         first = metrics.row(0, named=True)
-        assert first["step"] == 0 and first["tokens"] == 0 and metrics["step"].to_list() == [0, 1, 2]
+        assert first["step"] == 0 and first["tokens"] == 0
+        evaluated = metrics.filter(pl.col("eval/kl").is_not_null())["step"].to_list()
+        assert evaluated == ([0, 2] if stage == 1 else [0, 1, 2])  # stage 1 evaluates at its ends only
         assert {k.removeprefix("eval/"): first[k] for k in metrics.columns if k.startswith("eval/")} == pytest.approx(
             summary["initial"])
         assert summary["final"] == pytest.approx({k.removeprefix("eval/"): v for k, v in metrics.row(-1, named=True)
@@ -185,13 +206,42 @@ def test_distill_stages_store_the_step0_point_and_publish_the_hybrid(corpus, tea
     assert s1["trainable_parameters"] < s2["trainable_parameters"]  # stage 1 trains the mixers only
 
 
+def test_assembled_stage1_takes_the_shared_mixers_and_feeds_stage2(corpus, teacher, student, tmp_path):
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.models.io import save_hybrid
+    from hybridlab.models.registry import load_causal_lm
+
+    every = tmp_path / "all_mixers"
+    save_hybrid(convert_to_hybrid(load_causal_lm(str(teacher)), [], "gdn", seed=0), every)
+    shared = distill_jobs.distill(_distill_params(1), stage=1, teacher=str(teacher), student=every, mixture=corpus["mixture"],
+                          work=tmp_path / "w1", out=tmp_path / "shared")
+    with pytest.raises(HybridlabError, match="not a published stage-1 run"):
+        distill_jobs.assemble_stage1(_distill_params(2), teacher=str(teacher), student=student, shared=every,
+                             mixture=corpus["mixture"], out=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    s1 = distill_jobs.assemble_stage1(_distill_params(2), teacher=str(teacher), student=student, shared=tmp_path / "shared",
+                              mixture=corpus["mixture"], out=tmp_path / "stage1")
+    mine, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("stage1", "shared"))
+    converted = load_file(student / "model.safetensors")
+    assert s1["layers"] == [1] and s1["train_rows"] == shared["train_rows"] and s1["tokens"] == shared["tokens"]
+    for k, v in mine.items():  # layer 1's mixer from the shared run, layer 0 (FA) the converted student's
+        assert torch.equal(v, theirs[k] if ".layers.1.self_attn.mixer." in k else converted[k]), k
+    metrics = pl.read_parquet(tmp_path / "stage1" / "metrics.parquet")
+    assert metrics["tokens"].to_list() == [0, shared["tokens"]]
+    assert metrics["eval/kl"].to_list() == pytest.approx([s1["initial"]["kl"], s1["final"]["kl"]])
+    assert s1["final"]["kl"] < s1["initial"]["kl"]  # the trained mixer is closer to the attention it replaces
+    s2 = distill_jobs.distill(_distill_params(2), stage=2, teacher=str(teacher), student=tmp_path / "stage1",
+                      mixture=corpus["mixture"], work=tmp_path / "w2", out=tmp_path / "stage2")
+    assert s2["initial"] == s1["final"]  # stage 2's first point is the assembled student's evaluation
+
+
 def test_distill_stops_on_nan_heldout_metrics_and_publishes_nothing(corpus, teacher, student, tmp_path,
                                                                      monkeypatch):
     from hybridlab.train import distill
 
     monkeypatch.setattr(distill, "heldout_curve_metrics", lambda *a, **k: {"ce": float("nan"), "kl": float("nan")})
     with pytest.raises(HybridlabError) as err:
-        jobs.distill(_distill_params(), stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+        distill_jobs.distill(_distill_params(), stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
                      work=tmp_path / "work", out=tmp_path / "out")
     assert str(err.value) == "stage 2 ended with NaN held-out metrics; lower the lr and rerun with --restart"
     assert not (tmp_path / "out").exists()
@@ -205,7 +255,7 @@ def test_distill_sharded_in_one_process_publishes_the_unsharded_runs_model(corpu
     sharded["final_checkpoint"] = "weights"
     out = {}
     for name, params in (("plain", plain), ("sharded", sharded)):
-        out[name] = jobs.distill(params, stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
+        out[name] = distill_jobs.distill(params, stage=2, teacher=str(teacher), student=student, mixture=corpus["mixture"],
                                  work=tmp_path / f"w-{name}", out=tmp_path / name)
     assert out["sharded"]["initial"] == pytest.approx(out["plain"]["initial"], rel=1e-6)
     assert out["sharded"]["final"] == pytest.approx(out["plain"]["final"], rel=1e-5)
@@ -329,7 +379,7 @@ def test_a_job_refuses_params_its_section_does_not_have_in_one_line(tmp_path):
     """A key of the other stage, a missing key and a wrong value: one line naming the key, before any work."""
     wrong = {**_distill_params(2), "stage1_inputs": "teacher"}
     with pytest.raises(HybridlabError, match=r"^distill.py --stage 2 --params: unknown key 'stage1_inputs' "):
-        jobs.distill(wrong, stage=2, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
+        distill_jobs.distill(wrong, stage=2, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
     args = ["--stage", "1", "--teacher", "t", "--student", "s", "--mixture", "m", "--work", str(tmp_path / "w"),
             "--out", str(tmp_path / "o")]
     bad = {**_distill_params(1), "stage1_inputs": "both"}
@@ -340,5 +390,5 @@ def test_a_job_refuses_params_its_section_does_not_have_in_one_line(tmp_path):
                                "teacher, student)")
     missing = {k: v for k, v in _distill_params(1).items() if k != "seed"}
     with pytest.raises(HybridlabError, match="missing key 'seed'"):
-        jobs.distill(missing, stage=1, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
+        distill_jobs.distill(missing, stage=1, teacher="t", student="s", mixture="m", work=tmp_path / "w", out=tmp_path / "o")
     assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

@@ -14,7 +14,7 @@ from hybridlab.train.config import TrainConfig
 from hybridlab.train.loop import train
 from hybridlab.train.metrics import NONDETERMINISTIC_COLUMNS
 from hybridlab.train.optim import HybridOptimizer, build_param_groups
-from hybridlab.train.sampler import EpochSampler, epoch_permutation
+from hybridlab.train.sampler import EpochSampler, epoch_permutation, rows_after
 from hybridlab.train.schedule import lr_factor
 
 V, D, T = 11, 8, 9
@@ -322,3 +322,15 @@ def test_precision_auto_and_bf16_autocast(tmp_path):
     run(c, task=Recording())
     run(cfg(tmp_path, name="bf16", steps=2, precision="bf16"), task=Recording())
     assert dtypes[:4] == [torch.float32] * 4 and dtypes[4:] == [torch.bfloat16] * 4
+
+
+def test_rows_after_are_exactly_the_rows_the_sampler_has_not_reached():
+    s = EpochSampler(10, seed=4)
+    seen = s.next_indices(3) + s.next_indices(4)  # two updates of a stage
+    rest = rows_after(10, 4, len(seen))
+    assert sorted(seen + rest) == list(range(10)) and not set(seen) & set(rest)
+    assert rest == s.next_indices(3)  # the same order the sampler would go on in
+    assert rows_after(10, 4, 0) == epoch_permutation(10, 4, 0).tolist()
+    assert rows_after(10, 4, 10) == [] and rows_after(10, 4, 25) == []  # a whole epoch: nothing unseen
+    with pytest.raises(HybridlabError, match=">= 0"):
+        rows_after(10, 4, -1)

@@ -37,6 +37,10 @@ class DistillExperiment:
     baseline_placement: Placement = req("the placement the others are compared with")
     conv_init: Literal["random", "identity"] = opt(
         "random", "converted students' q/k/v short convolutions: fla's random init or identity (last tap 1)")
+    stage1: Literal["shared", "per_placement"] = opt(
+        "shared", "stage 1: one run per teacher x mixer x seed with every layer converted, each placement's "
+        "student assembled from it (needs train.distill.stage1_inputs: teacher and stage1.grad_clip: null), or "
+        "one run per placement (student-forced inputs need it)")
     converged_kl: NonNegFloat = req(
         "held-out KL(teacher || student), nats per token, within which every student a finding is about must be "
         "for the finding to be decided (otherwise: inconclusive, students not converged)")

@@ -10,7 +10,9 @@ teacher attention's projections:
   heads, the same grouping as transformers' ``repeat_kv``), giving ``num_attention_heads`` heads;
 - head_dim comes from the teacher config (``head_dim``, else hidden_size / num_attention_heads);
 - everything else in the mixer (gates, beta, short convs, output norm) keeps the mixer's own
-  (fla-style) initialisation, drawn from ``torch.manual_seed(seed)`` in a forked RNG.
+  (fla-style) initialisation, drawn in a forked RNG seeded per layer from ``(seed, layer index)``
+  (`layer_seed`): layer i's new mixer is the same whichever other layers are converted, so one
+  all-layers stage 1 can supply every placement's mixers (`hybridlab.train.distill.assemble`).
 
 Short convolutions (``conv_init``): the inherited q/k/v pass through the mixer's depthwise causal short
 convolution and then SiLU before the recurrence. With ``conv_init="random"`` (default; fla's and
@@ -271,6 +273,13 @@ def teacher_mixer_config(model, mixer_kind: str, overrides: dict | None = None):
     return dataclasses.replace(base, **overrides)
 
 
+def layer_seed(seed: int, layer: int) -> int:
+    """The RNG seed of layer `layer`'s new mixer in a conversion seeded `seed` (independent of the placement)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, layer]).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
+
+
 def apply_hybrid_structure(model, spec: HybridSpec, on_swap=None) -> list[MixerAttention]:
     """Swap in freshly initialised mixers at spec.mixer_layers (in place) and install the padding hook.
 
@@ -291,8 +300,8 @@ def apply_hybrid_structure(model, spec: HybridSpec, on_swap=None) -> list[MixerA
     padding = PaddingContext()
     wrappers = []
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
         for idx in spec.mixer_layers:
+            torch.manual_seed(layer_seed(spec.seed, idx))
             mixer = build_mixer(mixer_cfg, idx).to(device=ref.device, dtype=ref.dtype)
             wrapper = MixerAttention(mixer, idx, spec.mixer_kind, padding)
             old, layers[idx].self_attn = layers[idx].self_attn, wrapper

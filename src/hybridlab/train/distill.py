@@ -4,8 +4,10 @@ Definitions (the tasks plug into the shared loop, `hybridlab.train.loop.train`):
 
 - **Stage 1, attention alignment** (`Stage1Task`): for every mixer layer i of the student (the layers
   whose `self_attn` is a `MixerAttention`), the loss is `losses.stage1_alignment_loss` (token-mean
-  squared L2 distance, averaged over layers) between the student mixer's output and the frozen
-  teacher's `self_attn` output of layer i on the same input ids. Both outputs are read after `o_proj`
+  squared L2 distance, summed over layers) between the student mixer's output and the frozen
+  teacher's `self_attn` output of layer i on the same input ids. Summed, each mixer's gradient is
+  its own layer's term alone, so with teacher inputs (and no global-norm clipping) a layer trains
+  the same whichever other layers are converted. Both outputs are read after `o_proj`
   (what the layer adds to the residual stream before any residual multiplier). Only the mixers'
   parameters train (`freeze_all_but_mixers`). What the student mixer sees (`inputs`):
   * `"teacher"` (default, RADLADS step 1 / HALO): the teacher's own `self_attn` input of layer i
@@ -15,6 +17,10 @@ Definitions (the tasks plug into the shared loop, `hybridlab.train.loop.train`):
     `MixerAttention` wrappers; earlier mixers' errors then reach later layers' inputs (end to end).
   Teacher inputs/outputs come from forward hooks on the teacher's `self_attn` modules
   (`AttentionCapture`); the teacher runs under `no_grad` in eval mode.
+- **Shared stage 1** (`assemble`): a teacher-forced stage 1 of the student with every layer converted
+  trains, per layer, exactly what a placement's own stage 1 would (same seed, rows and settings;
+  conversion draws each layer's mixer from its own seed). A placement's stage-1 student is then its
+  converted student with the mixers copied from that one run.
 - **Stage 2, logit distillation** (`Stage2Task`): the whole student trains on the token-mean forward
   KL(p_teacher || p_student) of the next-token distributions at every position of the packed rows,
   `losses.kl_forward_chunked`. Neither model materialises its `[B, T, V]` logits: both run their
@@ -211,7 +217,7 @@ class Stage1Task:
 
     def loss(self, model: nn.Module, batch_BT: torch.Tensor):
         s_out, t_out = self.layer_outputs(model, batch_BT)
-        loss = stage1_alignment_loss(s_out, t_out)
+        loss = stage1_alignment_loss(s_out, t_out, layer_reduction="sum")
         with torch.no_grad():
             per_layer = {f"align/{i}": stage1_alignment_loss({i: s_out[i]}, {i: t_out[i]}) for i in self.layers}
         return loss, per_layer
@@ -221,7 +227,8 @@ class Stage1Task:
 
     @torch.no_grad()
     def heldout_alignment(self, model: nn.Module, input_ids_NT, batch_size: int) -> float:
-        """Alignment loss over held-out rows (all rows have T tokens, so batch losses weigh by rows)."""
+        """Alignment loss over held-out rows, mean over layers (comparable across placements; all rows have T
+        tokens, so batch losses weigh by rows)."""
         device = next(model.parameters()).device
         total, n = 0.0, 0
         rows = split_batch(input_ids_NT)[0].shape[0]
@@ -243,6 +250,37 @@ class Stage1Task:
         self._teacher_cap.remove()
         if self._student_cap is not None:
             self._student_cap.remove()
+
+
+def assemble(student: nn.Module, shared: nn.Module) -> list[int]:
+    """Copy the stage-1 mixers of `shared` (every layer converted) into `student`'s converted layers, in place.
+
+    `student` is a placement's converted hybrid (its FA layers the teacher's), `shared` the stage-1 result of
+    the same teacher with every layer converted to the same mixer. Returns the layers copied. Refuses a
+    `shared` that lacks one of the student's mixer layers or whose mixers differ in kind or shape.
+    """
+    s_spec, h_spec = hybrid_spec(student), hybrid_spec(shared)
+    mine, theirs = mixer_wrappers(student), mixer_wrappers(shared)
+    if s_spec.num_layers != h_spec.num_layers or s_spec.mixer_kind != h_spec.mixer_kind:
+        raise HybridlabError(f"shared stage 1 is a {h_spec.num_layers}-layer {h_spec.mixer_kind} hybrid, the student "
+                             f"a {s_spec.num_layers}-layer {s_spec.mixer_kind} one; assemble from the same "
+                             "teacher and mixer")
+    missing = sorted(set(mine) - set(theirs))
+    if missing:
+        raise HybridlabError(f"shared stage 1 has no mixer at layers {missing}; train it with every layer converted")
+    from hybridlab.models.mixers import MixerConfig
+
+    if MixerConfig(**s_spec.mixer_config) != MixerConfig(**h_spec.mixer_config):  # defaults filled in
+        raise HybridlabError("shared stage 1's mixer config differs from the student's (conv_init, shapes); "
+                             "convert both with the same settings")
+    with torch.no_grad():
+        for i, wrapper in mine.items():
+            src = theirs[i].state_dict()
+            dst = wrapper.state_dict()
+            if src.keys() != dst.keys() or any(src[k].shape != dst[k].shape for k in src):
+                raise HybridlabError(f"layer {i}: the shared mixer's parameters differ from the student's")
+            wrapper.load_state_dict(src)
+    return sorted(mine)
 
 
 # ---- stage 2 ---------------------------------------------------------------------------------------

@@ -66,8 +66,8 @@ HUB_MODEL_PARAMS = {
 # with these tokenizers, more in some scripts) and the widest model's hidden size (the 7B OLMo models: 4096).
 SENTENCE_TOKENS = 64
 HUB_HIDDEN_BOUND = 4096
-# Fixed allowances: rule -> (mem_mb, runtime minutes, disk_mb) for offline presets (smoke, tiny) and hub
-# presets (paper, rehearsal, real). At the paper preset derived values replace them where a formula exists.
+# Fixed allowances: rule -> (mem_mb, runtime minutes, disk_mb) for laptop-size presets (smoke, tiny, real) and
+# the other hub presets (paper, rehearsal). At the paper preset derived values replace them where a formula exists.
 _SMALL = ((2000, 10, 1000), (2000, 10, 1000))
 FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "corpus": ((4000, 30, 2000), (4000, 600, 20000)),
@@ -78,6 +78,7 @@ FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "convert": ((16000, 30, 2000), (16000, 30, 20000)),
     "distill_stage1": ((16000, 60, 4000), (160000, 600, 100000)),
     "distill_stage2": ((16000, 120, 4000), (160000, 2880, 200000)),
+    "assemble_stage1": ((16000, 30, 4000), (64000, 120, 20000)),
     "bld_sr": ((4000, 60, 1000), (4000, 60, 2000)),
     "bld_nl": ((16000, 120, 4000), (160000, 2880, 100000)),
     "eval_softcka_model": ((8000, 30, 1000), (64000, 240, 2000)),
@@ -106,7 +107,7 @@ GPU_RULES: dict[str, tuple[str | None, int]] = {
     "bld_sr": ("bld_sr", 1), "eval_perplexity": ("eval_perplexity", 1), "eval_niah": ("eval_niah", 1),
     "eval_retrieval_heads": ("eval_retrieval_heads", 1), "eval_softcka_model": (None, 1),
     "eval_recency": (None, 1), "eval_retrieval_score": (None, 1), "eval_position_loss": (None, 1),
-    "eval_lm_benchmarks": (None, 1), "eval_layer_importance": (None, 1),
+    "eval_lm_benchmarks": (None, 1), "eval_layer_importance": (None, 1), "assemble_stage1": (None, 1),
 }
 
 
@@ -375,8 +376,10 @@ def rule_resources(raw_config: dict, gpu_plans: list | None = None) -> dict[str,
     from hybridlab.config import resolve
 
     C = resolve(raw_config)
-    offline = C["data"]["source"] == "offline"
-    out = {rule: _fixed(rule, offline) for rule in FIXED}
+    # Laptop-size presets take the small allowances: the offline ones, and a hub preset reading the FLORES-200 /
+    # NTREX-128 copies the repository ships (the real preset: a 135M teacher on a laptop CPU).
+    small = C["data"]["source"] == "offline" or "flores200" in (C.get("local_sources") or {})
+    out = {rule: _fixed(rule, small) for rule in FIXED}
     if C["scale"] == "paper":
         if gpu_plans is None:
             from hybridlab.train.plan import plan_preset

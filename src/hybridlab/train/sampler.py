@@ -58,3 +58,17 @@ class EpochSampler:
             )
         self.epoch, self.index = sd["epoch"], sd["index"]
         self._perm = epoch_permutation(self.n, self.seed, self.epoch)
+
+
+def rows_after(n: int, seed: int, seen: int) -> list[int]:
+    """The rows of a dataset of `n` rows that an `EpochSampler(n, seed)` has not reached after `seen` rows.
+
+    Within its first epoch the sampler visits ``epoch_permutation(n, seed, 0)`` in order, so the unseen rows
+    are that permutation's tail; after a whole epoch none is left. A later stage trains on them to read only
+    rows an earlier stage (same seed) never saw.
+    """
+    if seen < 0:
+        raise HybridlabError(f"seen={seen} rows must be >= 0")
+    if seen >= n:
+        return []
+    return epoch_permutation(n, seed, 0)[seen:].tolist()
