@@ -14,7 +14,7 @@ pytestmark = pytest.mark.smoke_dag  # built in the session's smoke repository (t
 PHASE_RULES = {
     "data": {"corpus", "tokenizer", "mixture", "spaced_retrieval"},
     "models": {"teacher", "convert"},
-    "train": {"distill_stage1", "distill_stage2", "bld_sr", "bld_nl"},
+    "train": {"distill_stage1", "assemble_stage1", "distill_stage2", "bld_sr", "bld_nl"},
     "eval": {"eval_softcka_model", "eval_softcka", "eval_recency", "eval_fertility", "eval_perplexity", "eval_niah", "niah_tables",
              "eval_retrieval_score", "eval_retrieval_heads", "eval_position_loss"},
     "figures": {"figure"},
@@ -58,11 +58,12 @@ def test_dry_run_lists_every_phase(dry_run, scale):
     n_teachers = 2 if scale in ("paper", "rehearsal") else 1
     n_students = {"smoke": 2, "rehearsal": 2, "tiny": 6, "paper": 9}[scale] * n_teachers
     n_seeds = 3 if scale in ("tiny", "paper") else 1
-    assert counts["convert"] == counts["distill_stage1"] == counts["distill_stage2"] == n_students * n_seeds
-    # a preset with a searched placement converts and aligns one all_mixers student per teacher x mixer too
-    n_importance = 0 if scale == "smoke" else n_teachers
-    for rule in ("importance_convert", "importance_stage1", "eval_layer_importance"):
-        assert counts.get(rule, 0) == n_importance
+    assert counts["convert"] == counts["assemble_stage1"] == counts["distill_stage2"] == n_students * n_seeds
+    # one shared stage 1 per teacher x mixer x seed (its all_mixers student: every layer converted); a preset with
+    # a searched placement scores its layers once per teacher x mixer
+    assert counts["importance_convert"] == counts["distill_stage1"] == n_teachers * n_seeds
+    assert "importance_stage1" not in counts
+    assert counts.get("eval_layer_importance", 0) == (0 if scale == "smoke" else n_teachers)
     assert counts["figure"] >= 8 and counts["table"] >= 1
 
 
@@ -110,14 +111,15 @@ def test_every_job_gets_exactly_its_sections_keys(scale):
 
 
 def test_real_preset_runs_the_multilinguality_study_on_the_gguf_teacher(dry_run):
-    """Two seeds for the periodic placements and the searched one, one for the other three, plus the importance
-    pass's all_mixers student (converted and aligned, never distilled further); no BLD job; the GGUF teacher is
+    """Two seeds for the periodic placements and the searched one, one for the other three, each assembled from the
+    shared stage 1 of its seed (the all_mixers student, converted and aligned once per seed); no BLD job; the GGUF teacher is
     converted (not fetched, not pre-trained) and its tokenizer read from the converted directory."""
     from smoke import dry_run_all
 
     counts = dry_run("real")
-    assert counts["convert"] == counts["distill_stage1"] == counts["distill_stage2"] == 2 + 2 + 1 + 1 + 1 + 2
-    assert counts["importance_stage1"] == counts["eval_layer_importance"] == counts["layer_importance_table"] == 1
+    assert counts["convert"] == counts["assemble_stage1"] == counts["distill_stage2"] == 2 + 2 + 1 + 1 + 1 + 2
+    assert counts["distill_stage1"] == counts["importance_convert"] == 2  # one shared stage 1 per seed
+    assert counts["eval_layer_importance"] == counts["layer_importance_table"] == 1
     assert counts["teacher"] == 1 and counts["results_page"] == 1
     assert not {"bld_sr", "bld_nl", "spaced_retrieval", "eval_retrieval_score", "eval_position_loss"} & set(counts)
     text = dry_run_all("real")

@@ -91,12 +91,13 @@ def test_paper_dag_builds_one_mixture_per_tokenizer_and_routes_teachers():
         assert _arg(b, "--tokenizer") == f"results/data/paper/tokenizer/{tok}/tokenizer.json"
     own = {QWEN: "qwen3", GRANITE: "granite4"}
     n = 0
-    for rule in ("distill_stage1", "distill_stage2"):
+    for rule in ("distill_stage1", "assemble_stage1", "distill_stage2"):
         for b in jobs[rule]:
             teacher = _arg(b, "--teacher").split("/")[-1]
             assert _arg(b, "--mixture") == f"results/data/paper/mixture/{own[teacher]}/multilingual", b[:300]
             n += teacher == GRANITE
-    assert n == 54  # 9 placements (5 fixed, 4 searched) x 1 mixer x 3 seeds x 2 stages
+    # per seed (3): one shared stage 1, then 9 placements (5 fixed, 4 searched) x 1 mixer assembled and distilled
+    assert n == 3 + 27 + 27
     assert all(_arg(b, "--mixture") == "results/data/paper/mixture/qwen3/english" for b in jobs["bld_nl"])
     # one lm-eval job per model, each with its own tokenizer
     lm = jobs["eval_lm_benchmarks"]
@@ -122,7 +123,10 @@ def test_smoke_dag_keeps_its_shape():
     counts = {rule: len(v) for rule, v in jobs.items()}
     # 10 tables: the 4 original, placement_tests, tokens_to_target, retrieval_score, sr_accuracy, kl_gaps and findings
     assert counts["table"] == 10 and counts["figure"] == 15
-    # BLD-SR: 4 arms (one of each kind); distillation: 2 placements x (convert, stage 1, stage 2); BLD-NL: 4 arms
-    assert counts["bld_sr"] == 4 and counts["distill_stage2"] == 2 and counts["bld_nl"] == 4
+    # BLD-SR: 4 arms (one of each kind); distillation: one shared stage 1 (its all_mixers student converted), then 2
+    # placements x (convert, assemble, stage 2); BLD-NL: 4 arms
+    assert counts["bld_sr"] == 4 and counts["bld_nl"] == 4
+    assert counts["distill_stage1"] == counts["importance_convert"] == 1
+    assert counts["convert"] == counts["assemble_stage1"] == counts["distill_stage2"] == 2
     # NIAH and SoftCKA: one job per model (3 each) + a gather job each
-    assert counts["eval_softcka_model"] == 3 and sum(counts.values()) == 61
+    assert counts["eval_softcka_model"] == 3 and sum(counts.values()) == 63

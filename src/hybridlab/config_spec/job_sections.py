@@ -382,5 +382,6 @@ JOBS: dict[str, type] = {
     "eval_position_loss.py": PositionLossJob,
     "eval_lm_benchmarks.py": LmBenchmarksJob,
     "eval_layer_importance.py": LayerImportanceJob,
+    "assemble_stage1.py": DistillStage2Job,  # evaluates on stage 2's curve rows, in its precision
 }
 DISTILL_JOBS: dict[int, type] = {1: DistillStage1Job, 2: DistillStage2Job}

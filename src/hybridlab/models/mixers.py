@@ -21,6 +21,10 @@ in names, shapes, formulas and initialisation, so state dicts are interchangeabl
   ``sigmoid(g_proj(x))`` with low-rank ``g_proj`` (hidden -> V -> H*V, bias on the second layer).
 - **gla**: low-rank ``gk_proj`` (hidden -> 16 -> H*K, bias on the second layer); decay
   ``g = logsigmoid(gk_proj(x)) / 16``; output ``g_norm_swish_gate`` gated by ``swish(g_proj(x))``.
+- ``output_gate`` (default True, fla's layout above): with False the output norm (``o_norm`` /
+  ``g_norm_swish_gate``, same name, same ``weight``) is the plain per-head RMSNorm of the recurrence
+  output, ``o / rms(o) * weight``, and the module has no ``g_proj``. ``g_proj`` is each kind's last
+  randomly initialised parameter, so leaving it out changes no other parameter's initialisation.
 
 Padding (``attention_mask_BT``, 1 = real token, 0 = padding, left or right): padded positions get
 zero conv inputs, ``k = v = 0``, log-decay 0 (decay 1) and ``beta = 0``, so they change neither the
@@ -73,6 +77,7 @@ class MixerConfig:
     norm_eps: float = 1e-6
     chunk_size: int = 64
     conv_init: str = "random"  # "random" | "identity" (see the module docstring)
+    output_gate: bool = True  # False: the output norm is an ungated RMSNorm and there is no g_proj
 
     def __post_init__(self) -> None:
         if self.kind not in MIXER_KINDS:
@@ -85,6 +90,9 @@ class MixerConfig:
             raise HybridlabError(f"MixerConfig.norm_eps must be > 0, got {self.norm_eps!r}")
         if self.conv_init not in CONV_INITS:
             raise HybridlabError(f"MixerConfig.conv_init={self.conv_init!r} is unknown; use one of {CONV_INITS}")
+        for name in ("use_short_conv", "output_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise HybridlabError(f"MixerConfig.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -156,7 +164,9 @@ def _f32(x: Tensor) -> Tensor:
 
 
 class GatedRMSNorm(nn.Module):
-    """``RMSNorm(x) * weight * act(gate)`` per head (fla's ``FusedRMSNormGated``), computed in >= fp32."""
+    """``RMSNorm(x) * weight * act(gate)`` per head (fla's ``FusedRMSNormGated``), computed in >= fp32.
+
+    ``gate=None`` (a mixer with ``output_gate=False``): the plain ``RMSNorm(x) * weight``."""
 
     def __init__(self, hidden_size: int, eps: float, activation: str):
         super().__init__()
@@ -164,10 +174,12 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.activation = activation
 
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        x32, gate32 = _f32(x), _f32(gate)
+    def forward(self, x: Tensor, gate: Tensor | None) -> Tensor:
+        x32 = _f32(x)
         y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * _f32(self.weight)
-        y = y * (F.silu(gate32) if self.activation == "swish" else torch.sigmoid(gate32))
+        if gate is not None:
+            gate32 = _f32(gate)
+            y = y * (F.silu(gate32) if self.activation == "swish" else torch.sigmoid(gate32))
         return y.to(x.dtype)
 
 
@@ -210,9 +222,14 @@ class RecurrentMixer(nn.Module, ABC):
 
         ``cu_seqlens`` (with ``B = 1`` inputs) selects the chunked op's variable-length form."""
 
-    @abstractmethod
     def output_norm(self, o_BTHV: Tensor, x_BTD: Tensor) -> Tensor:
-        """The gated RMSNorm of the op output, ``[B, T, H, V]``."""
+        """The RMSNorm of the op output, ``[B, T, H, V]``, gated by ``g_proj(x)`` unless ``output_gate`` is off."""
+        gate = None if self.g_proj is None else self.g_proj(x_BTD).view(o_BTHV.shape)
+        return self.norm_module()(o_BTHV, gate)
+
+    @abstractmethod
+    def norm_module(self) -> GatedRMSNorm:
+        """The output norm (``o_norm`` / ``g_norm_swish_gate``)."""
 
     def _check(self, x_BTD: Tensor, mask_BT: Tensor | None, state: MixerState | None) -> None:
         if x_BTD.dim() != 3 or x_BTD.shape[-1] != self.cfg.hidden_size:
@@ -305,7 +322,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
         self.A_log._no_weight_decay = True
         self.dt_bias = nn.Parameter(_inverse_softplus_dt(H))
         self.dt_bias._no_weight_decay = True
-        self.g_proj = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.g_proj = nn.Linear(cfg.hidden_size, self.value_dim, bias=False) if cfg.output_gate else None
         self.o_norm = GatedRMSNorm(cfg.head_v_dim, cfg.norm_eps, "swish")
 
     def gates(self, x_BTD):
@@ -317,9 +334,8 @@ class GatedDeltaNetMixer(RecurrentMixer):
         return op(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
                   use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
-    def output_norm(self, o_BTHV, x_BTD):
-        B, T, H, V = o_BTHV.shape
-        return self.o_norm(o_BTHV, self.g_proj(x_BTD).view(B, T, H, V))
+    def norm_module(self):
+        return self.o_norm
 
 
 class KimiDeltaAttentionMixer(RecurrentMixer):
@@ -338,7 +354,7 @@ class KimiDeltaAttentionMixer(RecurrentMixer):
         self.dt_bias._no_weight_decay = True
         self.g_proj = nn.Sequential(
             nn.Linear(cfg.hidden_size, V, bias=False), nn.Linear(V, self.value_dim, bias=True)
-        )
+        ) if cfg.output_gate else None
         self.o_norm = GatedRMSNorm(V, cfg.norm_eps, "sigmoid")
 
     def gates(self, x_BTD):
@@ -353,9 +369,8 @@ class KimiDeltaAttentionMixer(RecurrentMixer):
         return op(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
                   use_qk_l2norm_in_kernel=True, chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
-    def output_norm(self, o_BTHV, x_BTD):
-        B, T, H, V = o_BTHV.shape
-        return self.o_norm(o_BTHV, self.g_proj(x_BTD).view(B, T, H, V))
+    def norm_module(self):
+        return self.o_norm
 
 
 class GatedLinearAttentionMixer(RecurrentMixer):
@@ -369,7 +384,7 @@ class GatedLinearAttentionMixer(RecurrentMixer):
             nn.Linear(cfg.hidden_size, GLA_GATE_LOW_RANK, bias=False),
             nn.Linear(GLA_GATE_LOW_RANK, self.key_dim, bias=True),
         )
-        self.g_proj = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.g_proj = nn.Linear(cfg.hidden_size, self.value_dim, bias=False) if cfg.output_gate else None
         self.g_norm_swish_gate = GatedRMSNorm(cfg.head_v_dim, cfg.norm_eps, "swish")
 
     def gates(self, x_BTD):
@@ -382,9 +397,8 @@ class GatedLinearAttentionMixer(RecurrentMixer):
         return op(q, k, v, g, initial_state=initial_state, output_final_state=True,
                   chunk_size=self.cfg.chunk_size, **_varlen(cu_seqlens))
 
-    def output_norm(self, o_BTHV, x_BTD):
-        B, T, H, V = o_BTHV.shape
-        return self.g_norm_swish_gate(o_BTHV, self.g_proj(x_BTD).view(B, T, H, V))
+    def norm_module(self):
+        return self.g_norm_swish_gate
 
 
 _MIXERS: dict[str, type[RecurrentMixer]] = {

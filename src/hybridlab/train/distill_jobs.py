@@ -150,7 +150,7 @@ def distill(params: DistillStage1Job | DistillStage2Job | dict, *, stage: int, t
     names = set(trainable)
     n_train = sum(prm.numel() for n, prm in model.named_parameters() if n in names)
     print(f"stage {stage}: {n_train / 1e6:.3f}M trainable parameters, {cfg.total_steps()} updates of "
-          f"{cfg.batch_size} x {seq_len} tokens, eval every {every['eval']} updates")
+          f"{cfg.batch_size} x {seq_len} tokens, eval every {cfg.eval_every} updates")
 
     eval_ids, eval_langs = D.heldout_rows(val_set, job.eval_rows_per_language)
     teacher_memo: dict = {}  # the frozen teacher's hidden states on the held-out rows, computed once
