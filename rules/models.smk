@@ -74,7 +74,7 @@ rule convert:
                 "mixer": wc.mixer,
                 "fa_ratio": C["experiments"]["distill"]["fa_ratio"],
                 "seed": int(wc.seed),
-                "conv_init": C["experiments"]["distill"].get("conv_init", "random"),
+                "conv_init": C["experiments"]["distill"].get("conv_init", "identity"),
             }
         ),
         teacher=input_dir("teacher"),

@@ -2,8 +2,8 @@
 
 The student inherits q/k/v/o from the teacher's attention (GQA k/v heads repeated); new mixer
 parameters are initialised as fla does, seeded; the loaded teacher is converted in place (one model in
-memory); `conv_init` ("random", the default, or
-"identity") chooses the q/k/v short convolutions' kernel (hybridlab.models.convert). Written with
+memory); `conv_init` ("identity", the default, or
+"random") chooses the q/k/v short convolutions' kernel (hybridlab.models.convert). Written with
 `save_hybrid` (config.json of the base model + model.safetensors + hybrid.json), loadable with
 `hybridlab.models.io.load_hybrid`. A searched placement (`searched`, `searched_<group>`) keeps the FA layers
 with the highest importance of its language group in `--importance` (eval_layer_importance.py) and records

@@ -102,9 +102,9 @@ def test_presets_round_trip_through_the_dataclasses(base, scale):
 
 def test_experiments_round_trip_and_defaults(base):
     obj = spec.build("experiments", base["experiments"])
-    assert obj.distill.conv_init == "random" and obj.bld_nl.seeds == [0, 1, 2]
+    assert obj.distill.conv_init == "identity" and obj.bld_nl.seeds == [0, 1, 2]
     assert spec.to_dict(obj) == base["experiments"]
-    assert spec.section_defaults("experiments.distill") == {"conv_init": "random", "stage1": "shared"}
+    assert spec.section_defaults("experiments.distill") == {"conv_init": "identity", "stage1": "shared"}
     assert spec.section_defaults("train.distill.stage1")["schedule"] == "cosine"
     stage = spec.build("train.distill.stage1", {"steps": 3, "micro_batch_size": 1, "lr": 1e-3})
     assert stage.token_budget is spec.UNSET and stage.grad_accum == 1 and stage.precision == "auto"

@@ -97,7 +97,7 @@ class ConvertJob:
     fa_ratio: Fraction = req("share of the teacher's layers kept as full attention")
     seed: NonNegInt = req("the replicate seed: draws the new mixers' parameters")
     conv_init: Literal["random", "identity"] = opt(
-        "random", "q/k/v short convolutions: fla's random init or identity (last tap 1)")
+        "identity", "q/k/v short convolutions: identity (last tap 1) or fla's random init")
 
 
 @dataclass(kw_only=True)

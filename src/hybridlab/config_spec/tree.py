@@ -36,7 +36,7 @@ class DistillExperiment:
     fa_ratio: Fraction = req("share of the teacher's layers kept as full attention")
     baseline_placement: Placement = req("the placement the others are compared with")
     conv_init: Literal["random", "identity"] = opt(
-        "random", "converted students' q/k/v short convolutions: fla's random init or identity (last tap 1)")
+        "identity", "converted students' q/k/v short convolutions: identity (last tap 1) or fla's random init")
     stage1: Literal["shared", "per_placement"] = opt(
         "shared", "stage 1: one run per teacher x mixer x seed with every layer converted, each placement's "
         "student assembled from it (needs train.distill.stage1_inputs: teacher and stage1.grad_clip: null), or "

@@ -15,14 +15,17 @@ teacher attention's projections:
   all-layers stage 1 can supply every placement's mixers (`hybridlab.train.distill.assemble`).
 
 Short convolutions (``conv_init``): the inherited q/k/v pass through the mixer's depthwise causal short
-convolution and then SiLU before the recurrence. With ``conv_init="random"`` (default; fla's and
-RADLADS-style conversions' choice, kept so results stay comparable) the kernel is ``nn.Conv1d``'s random
-init, so even the pre-SiLU features mix each token with its 3 predecessors and the converted layer does
-not start from the teacher's per-token q/k/v. ``conv_init="identity"`` sets each channel's kernel to
-(0, ..., 0, 1): conv(x)_t = x_t exactly, so q/k/v start as the teacher's projections (SiLU still
-follows; it is part of the mixer's feature map and is not removed). The option is the MixerConfig
-field ``conv_init`` (recorded in hybrid.json); it draws the same random numbers either way, so every
-other new parameter is initialised identically, and parameter names stay fla's.
+convolution and then SiLU before the recurrence. With ``conv_init="random"`` (this function's default:
+the init of fla's layers built from scratch) the kernel is ``nn.Conv1d``'s random init, so even the
+pre-SiLU features mix each token with its 3 predecessors and the converted layer does not start from the
+teacher's per-token q/k/v. ``conv_init="identity"`` sets each channel's kernel to (0, ..., 0, 1):
+conv(x)_t = x_t exactly, so q/k/v start as the teacher's projections (SiLU still follows; it is part of
+the mixer's feature map and is not removed). Conversion recipes differ here: fla-org's
+hybrid-distillation GDN student turns the short convolution off (``use_short_conv=False`` through
+``mixer_overrides``) and HALO's GDN has none. The pipeline converts with ``identity``, the best of the
+three after a short stage 1 on SmolLM2-135M (docs/methods.md, "Conversion initialisation"). The option is
+the MixerConfig field ``conv_init`` (recorded in hybrid.json); it draws the same random numbers either
+way, so every other new parameter is initialised identically, and parameter names stay fla's.
 
 q_norm / k_norm (Qwen3: RMSNorm over head_dim; OLMo-3: RMSNorm over the whole projection): GDN and KDA
 L2-normalise q and k per head, and ``l2norm(w * x / rms(x)) = l2norm(w * x)`` whatever the RMS is
