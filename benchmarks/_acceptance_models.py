@@ -11,7 +11,8 @@
   hybrid of its width with bf16 parameters: one training forward + backward at the timed sequence
   length under bf16 autocast (the distillation stage's kernels), and a no-grad generation of 2 tokens
   (prefill and decoding kernels of the NIAH stage).
-- `distill`: one Qwen3-shaped random student, converted to a hybrid with the project's conversion
+- `distill`: one Qwen3-shaped random student (Qwen3-4B: its first 12 of 36 layers at full width,
+  `SLICE_LAYERS`, since the whole student's training state alone is ~76 GB), converted to a hybrid with the project's conversion
   (`standard_periodic` placement at the paper preset's `fa_ratio`, GDN mixers), trained for stage 2
   through the project's loop and its sharded engine (`hybridlab.train.loop.train` with
   `fsdp="always"`: FSDP2 in a group of one, bf16 parameters with fp32 master shards on CUDA, the frozen
@@ -22,8 +23,8 @@
   the timed updates (`torch.cuda.max_memory_allocated` after a reset at the first timed update; on
   CPU the teacher's live bytes plus `plan.measure_peak_bytes` of the run, which allocates the student's
   shards while the engine frees the student's own weights) and the memory plan's estimate
-  (`plan.estimate_step`) with its relative error. The untimed first update is reported as
-  `warmup_update_s`.
+  (`plan.estimate_step`) with its relative error, and the plan's line for the whole depth
+  (`plan_estimate_full_depth`). The untimed first update is reported as `warmup_update_s`.
 
 Also the Qwen3 shapes and model builders the NIAH stage (`_acceptance_niah.py`) shares. Weights are
 random: the stages measure cost, not quality.
@@ -61,6 +62,12 @@ DRY_SHAPES = {
                      head_dim=24, intermediate_size=192),
 }
 DRY_VOCAB = 512
+# Students measured on a slice of their depth at full width: a whole Qwen3-4B hybrid student (4.7B parameters,
+# fp32 master weights, gradients and two AdamW states: ~76 GB) and its bf16 teacher (~8 GB) cannot train on one
+# 80 GB GPU. Every layer has the full model's shapes, so tokens/s per layer and the per-layer memory terms
+# carry over; the plan is checked at the slice and its full-depth line is reported beside it.
+SLICE_LAYERS = {"qwen3_4b": 12}
+DRY_SLICE_LAYERS = {"qwen3_4b": 3}
 
 
 def _version(dist: str) -> str | None:
@@ -146,10 +153,13 @@ def run_warmup(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 # ---- models ----------------------------------------------------------------------------------------
-def qwen3_config(name: str, dry_run: bool, max_positions: int):
+def qwen3_config(name: str, dry_run: bool, max_positions: int, layers: int | None = None):
+    """The model's Qwen3Config (random weights); `layers` keeps only that many of its layers (a depth slice)."""
     from transformers import Qwen3Config
 
-    shape = (DRY_SHAPES if dry_run else QWEN3_SHAPES)[name]
+    shape = dict((DRY_SHAPES if dry_run else QWEN3_SHAPES)[name])
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
     return Qwen3Config(vocab_size=DRY_VOCAB if dry_run else VOCAB, tie_word_embeddings=True, rms_norm_eps=1e-6,
                        max_position_embeddings=max_positions, **shape)
 
@@ -216,28 +226,35 @@ def estimate_step(plan, config, *, micro_batch: int, seq_len: int, grad_accum: i
 
 
 def pick_micro_batch(plan, config, spec, mixer_layers, distill, total_memory: int | None) -> tuple[int, str]:
-    """The requested micro batch, else the largest of 1, 2, 4 the plan fits in 90 % of the device."""
+    """The requested micro batch, else the largest of 1, 2, 4 the plan fits in 90 % of the device; when not
+    even 1 fits, 1 with a reason that says so (the run then measures how far the plan is off)."""
     if spec.get("micro_batch"):
         return int(spec["micro_batch"]), "requested"
     if spec["dry_run"]:
         return 2, "dry run"
     if plan is None or not total_memory:
         return 1, "default (no memory plan)"
-    best = 1
+    fits, first = [], None
     for mb in (1, 2, 4):
         est, _ = estimate_step(plan, config, micro_batch=mb, seq_len=spec["seq_len"], grad_accum=spec["grad_accum"],
                                mixer_layers=mixer_layers, cuda=True, distill=distill)
+        first = est if first is None else first
         if est is not None and est.total <= 0.9 * total_memory:
-            best = mb
-    return best, "largest of 1/2/4 the plan fits in 90% of the device memory"
+            fits.append(mb)
+    if not fits:
+        need = f"{first.total / 2**30:.1f} GiB" if first is not None else "an unknown amount"
+        return 1, (f"none of 1/2/4 fits: the plan predicts {need} at micro batch 1 against 90% of "
+                   f"{total_memory / 2**30:.1f} GiB")
+    return max(fits), "largest of 1/2/4 the plan fits in 90% of the device memory"
 
 
 class _Student:
-    """The models, FLOP counters and settings of one distillation benchmark."""
+    """The models, FLOP counters and settings of one distillation benchmark (at `SLICE_LAYERS` depth)."""
 
     def __init__(self, spec: dict[str, Any]):
         from train_throughput import FlopCounter
 
+        from hybridlab.models.placements import fa_layers
         from hybridlab.train import distill as dist
 
         self.cuda = not spec["dry_run"]
@@ -246,7 +263,12 @@ class _Student:
         self.d = dict(settings["distill"])
         if spec["dry_run"]:
             self.d["kl_chunk_tokens"] = 32  # several KL chunks at T=64
-        self.config = qwen3_config(spec["name"], spec["dry_run"], max_positions=spec["seq_len"])
+        slices = DRY_SLICE_LAYERS if spec["dry_run"] else SLICE_LAYERS
+        self.full_config = qwen3_config(spec["name"], spec["dry_run"], max_positions=spec["seq_len"])
+        self.config = qwen3_config(spec["name"], spec["dry_run"], max_positions=spec["seq_len"],
+                                   layers=slices.get(spec["name"]))
+        full_layers = self.full_config.num_hidden_layers
+        self.full_mixer_layers = full_layers - len(fa_layers(PLACEMENT, full_layers, ratio=settings["fa_ratio"]))
         teacher = build_dense(self.config, device, torch.float32)
         self.student = to_hybrid(teacher, settings["fa_ratio"], device, inplace=False)
         # the teacher only runs forward: bf16 on CUDA, as workflow_scripts/distill.py keeps it
@@ -338,6 +360,7 @@ def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     mb, mb_reason = pick_micro_batch(plan, job.config, spec, job.mixer_layers, job.d, total_memory)
     record: dict[str, Any] = {
         "name": spec["name"], "seq_len": spec["seq_len"], "micro_batch_reason": mb_reason,
+        "layers": job.config.num_hidden_layers, "full_layers": job.full_config.num_hidden_layers,
         "grad_accum": spec["grad_accum"], "paper_grad_accum": job.d["stage2"].get("grad_accum", 1),
         "warmup_updates": spec["warmup"], "timed_updates": spec["steps"],
         "student_params": sum(p.numel() for p in job.student.parameters()),
@@ -365,6 +388,12 @@ def run_distill(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
         mb //= 2
         job = _Student(spec)
     record.update(plan_fields(plan, plan_reason, job.config, record, job.mixer_layers, job.cuda, job.d))
+    record["plan_estimate_full_depth"] = None
+    if plan is not None:  # what the whole model would need on one GPU at the measured micro batch
+        est, _ = estimate_step(plan, job.full_config, micro_batch=record["micro_batch"], seq_len=record["seq_len"],
+                               grad_accum=record["grad_accum"], mixer_layers=job.full_mixer_layers, cuda=job.cuda,
+                               distill=job.d)
+        record["plan_estimate_full_depth"] = None if est is None else int(est.total)
     yield record
 
 

@@ -88,6 +88,11 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
         else:
             assert d["plan_rel_err"] == pytest.approx((d["plan_estimate_allocated"] - d["peak_bytes"]) / d["peak_bytes"])
     small, big = rep["distill"]["qwen3_0.6b"], rep["distill"]["qwen3_4b"]
+    # the 4B student is measured on a depth slice (3 of the miniature's 4 layers); the plan also gives the whole
+    assert (small["layers"], small["full_layers"]) == (4, 4) and (big["layers"], big["full_layers"]) == (3, 4)
+    if big["plan_estimate"] is not None:
+        assert big["plan_estimate_full_depth"] > big["plan_estimate"]
+        assert small["plan_estimate_full_depth"] == small["plan_estimate"]
     assert big["student_params"] > small["student_params"] and big["flops_per_update"] > small["flops_per_update"]
     for model, n in rep["niah"].items():
         assert n["status"] == "ok" and (n["fa_layers"] is None) == (model == "dense")
@@ -233,3 +238,21 @@ def test_the_warm_up_compiles_each_kernel_and_model_once_and_reports_its_seconds
                        override_tflops=None, niah_contexts=[1, 2], kernel_shape={})
     assert rep["warmup"]["items_s"] == pytest.approx(sum(r["seconds"] for r in rows))
     assert rep["checks"]["warmup"] is True
+
+
+def test_micro_batch_pick_says_when_the_plan_fits_nothing():
+    class Estimate:
+        def __init__(self, total):
+            self.total, self.terms = total, {}
+
+    class Plan:  # 30 GiB per row of micro batch
+        @staticmethod
+        def estimate_step(config, *, micro_batch, **kw):
+            return Estimate(micro_batch * 30 * 2**30)
+
+    spec = {"seq_len": 8, "grad_accum": 1, "dry_run": False}
+    d = {"gradient_checkpointing": True, "kl_chunk_tokens": 8, "kl_vocab_chunk": None}
+    assert models.pick_micro_batch(Plan, None, spec, 2, d, 80 * 2**30) == (
+        2, "largest of 1/2/4 the plan fits in 90% of the device memory")
+    mb, why = models.pick_micro_batch(Plan, None, spec, 2, d, 20 * 2**30)
+    assert mb == 1 and why.startswith("none of 1/2/4 fits: the plan predicts 30.0 GiB at micro batch 1")
