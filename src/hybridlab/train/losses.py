@@ -22,8 +22,9 @@ d CE/dz = p - onehot(label), times the token weight.
 Precision. The logits' compute dtype is decided once, at forward time: the autocast dtype when
 autocast is on for the inputs' device and the inputs are fp16/bf16/fp32 (what the model's own head
 would compute under the training loop's autocast), else the inputs' dtype. It is recorded, and both
-passes compute each logits chunk in it with autocast disabled, so the backward sees exactly the
-logits the forward's log-sum-exp came from (otherwise the loop's backward, which runs outside
+passes compute each logits chunk from operands in it with autocast disabled (`head_logits`: on CUDA
+the low-precision GEMM writes fp32 logits, so the KL has no bf16 rounding floor), so the backward sees
+exactly the logits the forward's log-sum-exp came from (otherwise the loop's backward, which runs outside
 autocast, recomputed fp32 logits against a bf16 log-sum-exp: at KL ~ 1e-3 the gradient pointed
 elsewhere). Logits are then upcast to fp32 (fp64 stays fp64) for softmax and reductions; input
 gradients accumulate in fp32 (or fp64) and are cast to the inputs' dtypes. The backward matmuls
@@ -207,6 +208,21 @@ def _n_tensors(spec: tuple) -> int:
 
 
 # ---- chunked logits --------------------------------------------------------------------------------
+def head_logits(h_ND: Tensor, w_VD: Tensor, b_V: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """``h @ w.T + b`` in `out_dtype` from operands already in the compute dtype, autocast off.
+
+    A bf16/fp16 GEMM accumulates in fp32 but rounds its output to bf16 (ulp 0.125 at |z| >= 16: a floor
+    of about 1e-3 nat under a KL between two close heads). On CUDA the GEMM writes fp32 itself
+    (``torch.mm(..., out_dtype=torch.float32)``, same operands and cost); elsewhere the product is rounded
+    to the compute dtype and then upcast, as the model's own head under autocast computes it."""
+    with torch.autocast(h_ND.device.type, enabled=False):
+        if h_ND.is_cuda and h_ND.dtype in (torch.float16, torch.bfloat16) and out_dtype == torch.float32:
+            z = torch.mm(h_ND, w_VD.T, out_dtype=torch.float32)
+            return z if b_V is None else z.add_(b_V.to(torch.float32))
+        z = F.linear(h_ND, w_VD, b_V)
+    return z.to(out_dtype)
+
+
 class _Logits:
     """One side's logits, chunk by chunk, in the compute dtype its spec recorded at forward time."""
 
@@ -232,9 +248,7 @@ class _Logits:
         """Logits of rows [r0, r1) and vocabulary [v0, v1) in the reduction dtype; always a fresh tensor."""
         if self.spec[0] == "logits":
             return self.z[r0:r1, v0:v1].to(self.acc, copy=True)
-        with torch.autocast(self.device.type, enabled=False):
-            z = F.linear(self.hidden(r0, r1), self.w[v0:v1], None if self.b is None else self.b[v0:v1])
-        z = z.to(self.acc)
+        z = head_logits(self.hidden(r0, r1), self.w[v0:v1], None if self.b is None else self.b[v0:v1], self.acc)
         if self.scale != 1.0:
             z *= self.scale
         return z
