@@ -11,6 +11,9 @@
   hybrid of its width with bf16 parameters: one training forward + backward at the timed sequence
   length under bf16 autocast (the distillation stage's kernels), and a no-grad generation of 2 tokens
   (prefill and decoding kernels of the NIAH stage).
+- `engine`: the paths the distillation stage does not take: a KDA hybrid, stage 1 (teacher inputs,
+  mixers only), Muon (`ShardedMuon`), a SIGTERM that makes the loop write a DCP checkpoint and stop,
+  and a resume that loads it (`run_engine`).
 - `distill`: one Qwen3-shaped random student (Qwen3-4B: its first 12 of 36 layers at full width,
   `SLICE_LAYERS`, since the whole student's training state alone is ~76 GB), converted to a hybrid with the project's conversion
   (`standard_periodic` placement at the paper preset's `fa_ratio`, GDN mixers), trained for stage 2
@@ -417,5 +420,97 @@ def plan_fields(plan, reason, config, record, mixer_layers, cuda, d) -> dict[str
     return out
 
 
-STAGES = {"device": run_device, "warmup": run_warmup, "distill": run_distill}
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def run_engine(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Stage 1 of a KDA hybrid with Muon through the sharded engine, preempted and resumed; yields one record.
+
+    The Qwen3-0.6B-shaped student (KDA mixers, `standard_periodic` at the paper's `fa_ratio`) trains its
+    mixers on the frozen teacher's inputs (`distill.Stage1Task`, teacher-forced) with `optimizer: muon`
+    (`ShardedMuon` for the mixers' matrices, AdamW for the rest) under FSDP2 at world size 1. A SIGTERM
+    sent to the process during the second update makes the loop write a DCP checkpoint after it and stop
+    (`Preempted`); a fresh student then resumes from that checkpoint (DCP load) and runs the last update.
+    """
+    import math
+    import os
+    import signal
+
+    import polars as pl
+
+    from hybridlab.errors import HybridlabError
+    from hybridlab.models.convert import convert_to_hybrid
+    from hybridlab.models.placements import fa_layers
+    from hybridlab.train import distill as dist
+    from hybridlab.train.checkpoint import latest_checkpoint
+    from hybridlab.train.config import TrainConfig
+    from hybridlab.train.loop import train
+
+    cuda = not spec["dry_run"]
+    device = "cuda" if cuda else "cpu"
+    settings = paper_settings()
+    T, steps = spec["seq_len"], spec["steps"]
+    config = qwen3_config("qwen3_0.6b", spec["dry_run"], max_positions=T)
+    fa = fa_layers(PLACEMENT, config.num_hidden_layers, ratio=settings["fa_ratio"])
+    rows = torch.randint(config.vocab_size, (2 * steps, T), generator=torch.Generator().manual_seed(0))
+
+    def models():
+        teacher = build_dense(config, device, torch.float32)
+        with torch.device(device):
+            student = convert_to_hybrid(teacher, fa, "kda", seed=0)
+        dist.freeze_all_but_mixers(student)
+        return dist.freeze(teacher.to(torch.bfloat16 if cuda else torch.float32)), student
+
+    def sigterm_during_second_update(step, model, optimizer):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop only records it; the update runs to its end
+
+    record: dict[str, Any] = {"mixer": "kda", "fa_layers": fa, "seq_len": T, "updates": steps, "optimizer": "muon",
+                              "task": "stage 1 (teacher inputs, mixers only)", "sharding": "FSDP2 (fsdp=always)"}
+    with tempfile.TemporaryDirectory(prefix="gpu_acceptance_engine_") as out:
+        cfg = TrainConfig.from_dict({
+            "out_dir": out, "steps": steps, "micro_batch_size": 1, "seq_len": T, "lr": 1e-3, "warmup_steps": 1,
+            "optimizer": "muon", "grad_clip": None, "precision": "bf16" if cuda else "fp32", "device": device,
+            "fsdp": "always", "progress": False, "log_every": 1, "final_checkpoint": "full",
+            "activation_checkpointing": bool(settings["distill"]["gradient_checkpointing"])})
+        teacher, student = models()
+        record["trainable_params"] = sum(p.numel() for p in student.parameters() if p.requires_grad)
+        task = dist.Stage1Task(teacher, student, inputs="teacher")
+        start = time.perf_counter()
+        try:
+            train(student, task, rows, cfg, on_step_start=sigterm_during_second_update)
+            record["preempted"] = False
+        except HybridlabError as exc:  # Preempted: a checkpoint was written after the update in flight
+            record["preempted"] = "SIGTERM" in str(exc)
+        finally:
+            task.close()
+        if cuda:
+            torch.cuda.synchronize()
+        record["first_run_s"] = time.perf_counter() - start
+        ckpt = latest_checkpoint(Path(out) / "checkpoints")
+        record["checkpoint"] = None if ckpt is None else ckpt.name
+        record["checkpoint_bytes"] = None if ckpt is None else _dir_bytes(ckpt)
+        del teacher, student
+        gc.collect()
+        teacher, student = models()
+        task = dist.Stage1Task(teacher, student, inputs="teacher")
+        start = time.perf_counter()
+        try:
+            result = train(student, task, rows, cfg)
+        finally:
+            task.close()
+        if cuda:
+            torch.cuda.synchronize()
+        record["resume_s"] = time.perf_counter() - start
+        record["final_step"] = result.step
+        losses = [float(x) for x in pl.read_parquet(result.metrics_path)["loss"].to_list()]
+        record["losses"] = losses
+        record["losses_finite"] = bool(losses) and all(math.isfinite(x) for x in losses)
+        if cuda:
+            record["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    yield record
+
+
+STAGES = {"device": run_device, "warmup": run_warmup, "distill": run_distill, "engine": run_engine}
 

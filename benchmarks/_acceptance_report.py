@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-SCHEMA = "hybridlab.gpu_acceptance/1"
+SCHEMA = "hybridlab.gpu_acceptance/2"
 TARGET_MFU, TARGET_PLAN_REL_ERR = 0.40, 0.15
 # bf16 dense tensor-core peak in TFLOP/s; the first entry whose key is in the device name wins
 PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("A100", 312.0))
@@ -30,6 +30,9 @@ DISTILL_FIELDS = ("seq_len", "layers", "full_layers", "plan_estimate_full_depth"
                   "flops_per_update", "tokens_per_s", "flops_per_s", "mfu", "peak_bytes", "peak_kind",
                   "resident_model_bytes", "plan_estimate", "plan_estimate_allocated", "plan_terms", "plan_rel_err",
                   "plan_reason", "error")
+ENGINE_FIELDS = ("mixer", "fa_layers", "seq_len", "updates", "optimizer", "task", "sharding", "trainable_params",
+                 "preempted", "first_run_s", "checkpoint", "checkpoint_bytes", "resume_s", "final_step", "losses",
+                 "losses_finite", "peak_bytes")
 NIAH_FIELDS = ("context", "seconds", "peak_bytes", "memory_kind", "oom", "skipped", "plan_estimate", "plan_rel_err")
 KERNEL_FIELDS = ("op", "dtype", "out_max_rel_err", "state_max_rel_err", "grad_min_cosine", "grad_max_norm_ratio_err",
                  "grads", "tolerance", "pass", "error")
@@ -117,6 +120,8 @@ def build(stages: dict[str, dict[str, Any]], *, dry_run: bool, time_limit: float
                                "items_s": sum(i["seconds"] for i in items if isinstance(i["seconds"], (int, float)))}
     distill = {m: distill_entry(stages.get(f"distill:{m}", {}), peak) for m in DISTILL_MODELS}
     niah = {m: niah_entry(stages.get(f"niah:{m}", {}), niah_contexts) for m in NIAH_MODELS}
+    e = stages.get("engine", {})
+    engine = _stage_head(e) | {k: ((e.get("rows") or [{}])[0]).get(k) for k in ENGINE_FIELDS}
 
     targets = {}
     big = distill["qwen3_4b"]
@@ -140,9 +145,11 @@ def build(stages: dict[str, dict[str, Any]], *, dry_run: bool, time_limit: float
         "cuda_tests": tests_ok,
         "warmup": stage_ok(warmup),
         "distill_measured": all(stage_ok(d) or d["status"] == "oom" for d in distill.values()),
+        "engine": stage_ok(engine) and engine["preempted"] is True and engine["losses_finite"] is True
+        and engine["final_step"] == engine["updates"],
         "niah_measured": all(stage_ok(n) and all(r["measured"] for r in n["results"].values()) for n in niah.values()),
     }
     passed = all(t["pass"] is True for t in targets.values()) and all(checks.values())
     return clean({"schema": SCHEMA, "dry_run": dry_run, "time_limit_s": time_limit, "elapsed_s": round(elapsed, 2),
                   "device": device, "warmup": warmup, "kernels": kernels, "cuda_tests": cuda_tests,
-                  "distill": distill, "niah": niah, "targets": targets, "checks": checks, "pass": passed})
+                  "distill": distill, "engine": engine, "niah": niah, "targets": targets, "checks": checks, "pass": passed})

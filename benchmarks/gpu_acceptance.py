@@ -16,7 +16,9 @@ finished measurements kept; skipped with a reason when too little of the total `
    hybrid student (Qwen3-4B: a 12-of-36-layer slice at full width, which fits one 80 GB GPU) through the project's loop and sharded engine (FSDP2 at world size 1, bf16
    parameters); tokens/s, MFU, peak memory against the memory plan's line for one GPU
    (`_acceptance_models`).
-6. `niah:hybrid`, `niah:dense`: generation time and memory at 32K and 128K context, 4B shapes
+6. `engine`: stage 1 of a Qwen3-0.6B-shaped KDA hybrid with Muon under FSDP2, stopped by a SIGTERM
+   (the loop writes a DCP checkpoint) and resumed from it (`_acceptance_models.run_engine`).
+7. `niah:hybrid`, `niah:dense`: generation time and memory at 32K and 128K context, 4B shapes
    (`_acceptance_niah`).
 
 Nothing touches the network: models are random and built from their public shapes, the wrapper sets
@@ -53,11 +55,11 @@ from typing import Any, Sequence
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-STAGES = ("device", "warmup", "kernels", "cuda_tests", "distill:qwen3_0.6b", "distill:qwen3_4b", "niah:hybrid",
-          "niah:dense")
+STAGES = ("device", "warmup", "kernels", "cuda_tests", "distill:qwen3_0.6b", "distill:qwen3_4b", "engine",
+          "niah:hybrid", "niah:dense")
 # seconds per stage (subprocess start and imports included); together at most TIME_LIMIT_S, warm-up included
-BUDGETS = {"device": 20, "warmup": 60, "kernels": 40, "cuda_tests": 60, "distill:qwen3_0.6b": 40,
-           "distill:qwen3_4b": 70, "niah:hybrid": 40, "niah:dense": 30}
+BUDGETS = {"device": 20, "warmup": 60, "kernels": 35, "cuda_tests": 60, "distill:qwen3_0.6b": 40,
+           "distill:qwen3_4b": 55, "engine": 35, "niah:hybrid": 30, "niah:dense": 25}
 DRY_BUDGETS = {name: 60 for name in STAGES}
 MIN_STAGE_S = 15  # a stage is skipped when less than this is left of the total time limit
 TIME_LIMIT_S, DRY_TIME_LIMIT_S = 360, 240
@@ -179,7 +181,8 @@ def stage_specs(dry_run: bool, micro_batch: int | None) -> dict[str, dict[str, A
     distill = (dict(seq_len=64, grad_accum=1, warmup=1, steps=2) if dry_run else
                dict(seq_len=4096, grad_accum=2, warmup=1, steps=2))
     niah = dict(contexts=[64, 128], new_tokens=2) if dry_run else dict(contexts=[32768, 131072], new_tokens=8)
-    specs: dict[str, dict[str, Any]] = {"device": {}, "kernels": kernels,
+    engine = dict(seq_len=64, steps=3) if dry_run else dict(seq_len=2048, steps=3)
+    specs: dict[str, dict[str, Any]] = {"device": {}, "kernels": kernels, "engine": engine,
                                         "warmup": {"kernels": kernels, "models": ["qwen3_0.6b", "qwen3_4b"],
                                                    "seq_len": distill["seq_len"]}}
     for name in ("qwen3_0.6b", "qwen3_4b"):
@@ -201,7 +204,7 @@ def precondition(name: str, device: dict[str, Any] | None, dry_run: bool) -> str
         return "no CUDA device is visible; on a CPU machine run with --dry-run"
     if name == "cuda_tests" and importlib.util.find_spec("pytest") is None:
         return "pytest is not installed in this Python"
-    if not dry_run and name.split(":")[0] in ("warmup", "kernels", "distill", "niah"):
+    if not dry_run and name.split(":")[0] in ("warmup", "kernels", "distill", "engine", "niah"):
         if device.get("fla") is None:
             return "flash-linear-attention is not installed; the CUDA mixers need it (fla.ops)"
         if device.get("fla_import_error"):

@@ -23,7 +23,7 @@ import _acceptance_report as report  # noqa: E402
 import gpu_acceptance  # noqa: E402
 
 TOP_KEYS = {"schema", "dry_run", "time_limit_s", "elapsed_s", "device", "warmup", "kernels", "cuda_tests", "distill",
-            "niah", "targets", "checks", "pass"}
+            "engine", "niah", "targets", "checks", "pass"}
 TARGETS = {"distill_mfu_qwen3_4b", "plan_within_15pct_qwen3_0.6b", "plan_within_15pct_qwen3_4b"}
 
 
@@ -94,6 +94,11 @@ def test_dry_run_distillation_and_niah_values_are_finite_and_consistent(dry_run)
         assert big["plan_estimate_full_depth"] > big["plan_estimate"]
         assert small["plan_estimate_full_depth"] == small["plan_estimate"]
     assert big["student_params"] > small["student_params"] and big["flops_per_update"] > small["flops_per_update"]
+    e = rep["engine"]  # KDA, stage 1, Muon, SIGTERM -> DCP checkpoint, resume from it
+    assert e["status"] == "ok", e
+    assert e["preempted"] is True and e["checkpoint"] is not None and e["checkpoint_bytes"] > 0
+    assert e["final_step"] == e["updates"] == 3 and len(e["losses"]) == 3 and e["losses_finite"] is True
+    assert e["mixer"] == "kda" and e["optimizer"] == "muon" and e["trainable_params"] > 0
     for model, n in rep["niah"].items():
         assert n["status"] == "ok" and (n["fa_layers"] is None) == (model == "dense")
         assert set(n["results"]) == set(report.NIAH_LABELS)
@@ -109,7 +114,8 @@ def test_gpu_mode_without_a_gpu_skips_every_stage_with_the_reason(capsys):
     rep = gpu_acceptance.main([])
     assert json.loads(capsys.readouterr().out) == rep and set(rep) == TOP_KEYS
     assert rep["device"]["status"] == "ok" and rep["device"]["type"] == "cpu"
-    for stage in (rep["warmup"], rep["kernels"], rep["cuda_tests"], *rep["distill"].values(), *rep["niah"].values()):
+    for stage in (rep["warmup"], rep["kernels"], rep["cuda_tests"], *rep["distill"].values(), rep["engine"],
+                  *rep["niah"].values()):
         assert stage["status"] == "skipped" and "no CUDA device" in stage["reason"]
     assert all(t["pass"] is None and "no CUDA device" in t["reason"] for t in rep["targets"].values())
     assert rep["pass"] is False and not any(rep["checks"].values())
