@@ -233,7 +233,10 @@ def main(argv=None) -> None:
 
     # 2. stage-1 lr sweep on the default init, or on a clearly better one
     chosen, reason = DEFAULT_INIT, "default"
-    if DEFAULT_INIT in inits:
+    if DEFAULT_INIT not in inits and inits:  # the default was not measured: the best of those that were
+        chosen = min((k for k in inits if "@" not in k), key=lambda k: inits[k]["stage1_kl"])
+        reason = f"best of {', '.join(k for k in inits if '@' not in k)} ({DEFAULT_INIT} not measured)"
+    elif DEFAULT_INIT in inits:
         base = inits[DEFAULT_INIT]["stage1_kl"]
         noise_key = f"{DEFAULT_INIT}@seed{args.noise_seed}"
         noise = abs(inits[noise_key]["stage1_kl"] - base) if noise_key in inits else 0.0
