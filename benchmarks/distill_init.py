@@ -25,8 +25,6 @@ one stage reads the same train rows in the same order (same seed).
 3. Stage-2 lr sweep (`--stage2-lrs`) from the best stage-1 result of (2).
 
 Prints a table per part and one JSON line (everything, full precision). Missing inputs: one-line error.
-Cost on one thread (fp32, an AMD EPYC core at ~89 GFLOP/s): one held-out evaluation (13 rows x 512) ~48 s,
-a stage-1 update of 2 x 512 tokens ~6 s, a stage-2 update ~21 s; the defaults take ~32 minutes.
 """
 
 from __future__ import annotations
