@@ -245,7 +245,8 @@ def test_models_phase_at_smoke_converts_every_placement(smoke_workdir):
     got = {d.name: read_spec(d)["fa_layers"] for d in sorted(students.iterdir())}
     # 4 layers, ratio 0.25 -> one FA layer: last (standard periodic) or first (sandwich; the other schemes
     # too, which is why smoke converts these two only: tests/models/test_placements.py).
-    assert got == {"sandwich-gdn": [0], "standard_periodic-gdn": [3]}
+    # all_mixers: every layer converted, the shared stage 1's student
+    assert got == {"all_mixers-gdn": [], "sandwich-gdn": [0], "standard_periodic-gdn": [3]}
     student = load_hybrid(students / "standard_periodic-gdn")
     from transformers import AutoModelForCausalLM
 

@@ -26,8 +26,8 @@ def test_document_mask_reaches_every_training_job_and_unscores_boundaries(smoke_
     (work / "docmask.yaml").write_text(OVERRIDE)
     args = ["--configfile", "docmask.yaml", "--config", "scale=smoke"]
     plan = snakemake(work, STAGE2, BLD_NL, "-n", "-p", "--forceall", *args).stdout
-    # teacher, convert (no training: no flag), distill stage 1 and 2, bld_nl
-    assert plan.count('"document_mask": true') == 4, plan[-3000:]
+    # teacher, convert (no training: no flag), the shared stage 1, assemble_stage1 (stage 2's settings), stage 2, bld_nl
+    assert plan.count('"document_mask": true') == 5, plan[-3000:]
     snakemake(work, STAGE2, BLD_NL, "--cores", "2", *args)
 
     from hybridlab.data.packing import PackedDataset
