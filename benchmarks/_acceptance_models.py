@@ -15,8 +15,8 @@
   mixers only), Muon (`ShardedMuon`), a SIGTERM that makes the loop write a DCP checkpoint and stop,
   and a resume that loads it (`run_engine`).
 - `distill`: one Qwen3-shaped random student (Qwen3-4B: its first 12 of 36 layers at full width,
-  `SLICE_LAYERS`, since the whole student's training state alone is ~76 GB), converted to a hybrid with the project's conversion
-  (`standard_periodic` placement at the paper preset's `fa_ratio`, GDN mixers), trained for stage 2
+  `SLICE_LAYERS`, since the whole student's training state alone is ~76 GB), converted to a hybrid with
+  the project's conversion (`standard_periodic` placement at the paper preset's `fa_ratio`, GDN mixers), trained for stage 2
   through the project's loop and its sharded engine (`hybridlab.train.loop.train` with
   `fsdp="always"`: FSDP2 in a group of one, bf16 parameters with fp32 master shards on CUDA, the frozen
   bf16 teacher's forward, the chunked KL of `distill.Stage2Task`, backward, gradient clipping, AdamW
@@ -466,6 +466,25 @@ def run_engine(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop only records it; the update runs to its end
 
+    def timed_run(cfg, hook=None):
+        """Fresh models, one `train` call; (result or the HybridlabError it raised, seconds, trainable params)."""
+        teacher, student = models()
+        n_trainable = sum(p.numel() for p in student.parameters() if p.requires_grad)
+        task = dist.Stage1Task(teacher, student, inputs="teacher")
+        start = time.perf_counter()
+        try:
+            outcome = train(student, task, rows, cfg, on_step_start=hook)
+        except HybridlabError as exc:  # Preempted: a checkpoint was written after the update in flight
+            outcome = exc
+        finally:
+            task.close()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        del teacher, student, task
+        gc.collect()
+        return outcome, seconds, n_trainable
+
     record: dict[str, Any] = {"mixer": "kda", "fa_layers": fa, "seq_len": T, "updates": steps, "optimizer": "muon",
                               "task": "stage 1 (teacher inputs, mixers only)", "sharding": "FSDP2 (fsdp=always)"}
     with tempfile.TemporaryDirectory(prefix="gpu_acceptance_engine_") as out:
@@ -474,35 +493,14 @@ def run_engine(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
             "optimizer": "muon", "grad_clip": None, "precision": "bf16" if cuda else "fp32", "device": device,
             "fsdp": "always", "progress": False, "log_every": 1, "final_checkpoint": "full",
             "activation_checkpointing": bool(settings["distill"]["gradient_checkpointing"])})
-        teacher, student = models()
-        record["trainable_params"] = sum(p.numel() for p in student.parameters() if p.requires_grad)
-        task = dist.Stage1Task(teacher, student, inputs="teacher")
-        start = time.perf_counter()
-        try:
-            train(student, task, rows, cfg, on_step_start=sigterm_during_second_update)
-            record["preempted"] = False
-        except HybridlabError as exc:  # Preempted: a checkpoint was written after the update in flight
-            record["preempted"] = "SIGTERM" in str(exc)
-        finally:
-            task.close()
-        if cuda:
-            torch.cuda.synchronize()
-        record["first_run_s"] = time.perf_counter() - start
+        first, record["first_run_s"], record["trainable_params"] = timed_run(cfg, sigterm_during_second_update)
+        record["preempted"] = isinstance(first, HybridlabError) and "SIGTERM" in str(first)
         ckpt = latest_checkpoint(Path(out) / "checkpoints")
         record["checkpoint"] = None if ckpt is None else ckpt.name
         record["checkpoint_bytes"] = None if ckpt is None else _dir_bytes(ckpt)
-        del teacher, student
-        gc.collect()
-        teacher, student = models()
-        task = dist.Stage1Task(teacher, student, inputs="teacher")
-        start = time.perf_counter()
-        try:
-            result = train(student, task, rows, cfg)
-        finally:
-            task.close()
-        if cuda:
-            torch.cuda.synchronize()
-        record["resume_s"] = time.perf_counter() - start
+        result, record["resume_s"], _ = timed_run(cfg)
+        if isinstance(result, HybridlabError):
+            raise result
         record["final_step"] = result.step
         losses = [float(x) for x in pl.read_parquet(result.metrics_path)["loss"].to_list()]
         record["losses"] = losses

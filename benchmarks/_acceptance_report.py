@@ -24,7 +24,8 @@ PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), 
 DISTILL_MODELS = ("qwen3_0.6b", "qwen3_4b")
 NIAH_MODELS = ("hybrid", "dense")
 NIAH_LABELS = ("32k", "128k")  # the dry run keeps the labels at its miniature lengths
-DISTILL_FIELDS = ("seq_len", "layers", "full_layers", "plan_estimate_full_depth", "micro_batch", "micro_batch_reason", "oom_micro_batches", "grad_accum", "paper_grad_accum", "student_params",
+DISTILL_FIELDS = ("seq_len", "layers", "full_layers", "plan_estimate_full_depth", "micro_batch", "micro_batch_reason",
+                  "oom_micro_batches", "grad_accum", "paper_grad_accum", "student_params",
                   "fa_layers", "checkpointing", "precision", "sharding", "oom", "warmup_update_s", "update_s",
                   "tokens_per_update",
                   "flops_per_update", "tokens_per_s", "flops_per_s", "mfu", "peak_bytes", "peak_kind",

@@ -13,9 +13,9 @@ finished measurements kept; skipped with a reason when too little of the total `
    fp32 and bf16, at T=4096 (`_acceptance_kernels`).
 4. `cuda_tests`: `pytest -q -m cuda tests/`.
 5. `distill:qwen3_0.6b`, `distill:qwen3_4b`: stage-2 distillation updates of a Qwen3-shaped random
-   hybrid student (Qwen3-4B: a 12-of-36-layer slice at full width, which fits one 80 GB GPU) through the project's loop and sharded engine (FSDP2 at world size 1, bf16
-   parameters); tokens/s, MFU, peak memory against the memory plan's line for one GPU
-   (`_acceptance_models`).
+   hybrid student (Qwen3-4B: a 12-of-36-layer slice at full width, which fits one 80 GB GPU) through the
+   project's loop and sharded engine (FSDP2 at world size 1, bf16 parameters); tokens/s, MFU, peak
+   memory against the memory plan's line for one GPU (`_acceptance_models`).
 6. `engine`: stage 1 of a Qwen3-0.6B-shaped KDA hybrid with Muon under FSDP2, stopped by a SIGTERM
    (the loop writes a DCP checkpoint) and resumed from it (`_acceptance_models.run_engine`).
 7. `niah:hybrid`, `niah:dense`: generation time and memory at 32K and 128K context, 4B shapes
