@@ -7,8 +7,10 @@ analyses (`hybridlab.eval`) all call it. Imports only torch and `hybridlab.error
 
 `bf16_is_fast(device_type)`: whether bf16 matmuls beat fp32 ones on this device, the rule behind the
 "fast" precision and dtype settings: on CUDA, and on CPUs with AMX tiles (bf16 matrix units). A CPU with
-AVX512-BF16 but no AMX runs bf16 GEMMs at about half its fp32 rate (oneDNN converts and accumulates per
-vector), so there "fast" is fp32.
+AVX512-BF16 but no AMX differs by core: some run bf16 GEMMs at about half their fp32 rate, others (full-width
+bf16 dot products) at several times it. There the answer is measured once per process, a model-shaped GEMM
+timed in both dtypes, and bf16 counts as fast when it is at least `BF16_MIN_SPEEDUP` times quicker. A CPU
+with neither has no bf16 arithmetic (bf16 is converted to fp32), so "fast" is fp32 there without a test.
 """
 
 from __future__ import annotations
@@ -51,9 +53,54 @@ def _cpu_has_amx() -> bool:
         return False
 
 
+BF16_MIN_SPEEDUP = 1.5  # measured bf16/fp32 GEMM speed ratio above which a CPU without AMX runs "fast" as bf16
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _gemm_seconds(dtype: torch.dtype, repeats: int = 5) -> float:
+    """Best-of-`repeats` time of one [1024, 576] x [576, 1536] product (a 135M-class MLP projection)."""
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1024, 576, generator=gen).to(dtype)
+    b = torch.randn(576, 1536, generator=gen).to(dtype)
+    a @ b  # first call: kernel selection and allocation
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_speedup() -> float:
+    """fp32 time over bf16 time of the same GEMM on this CPU (above 1: bf16 is quicker)."""
+    return _gemm_seconds(torch.float32) / _gemm_seconds(torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_bf16_fast() -> bool:
+    if _cpu_has_amx():
+        return True
+    if "avx512_bf16" not in _cpu_flags():
+        return False
+    return cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
+
+
 def bf16_is_fast(device_type: str) -> bool:
-    """True where bf16 matmuls run faster than fp32 ones: CUDA, or a CPU with AMX (see the module docstring)."""
-    return device_type == "cuda" or (device_type == "cpu" and _cpu_has_amx())
+    """True where bf16 matmuls run faster than fp32 ones: CUDA, a CPU with AMX, or a CPU with AVX512-BF16 where
+    a side-by-side GEMM measures bf16 at least BF16_MIN_SPEEDUP times quicker (see the module docstring)."""
+    return device_type == "cuda" or (device_type == "cpu" and _cpu_bf16_fast())
 
 
 def fast_dtype(dtype, device_type: str):

@@ -53,9 +53,37 @@ def test_fast_is_bf16_on_cuda_and_on_cpus_with_amx_only(monkeypatch):
 
     cfg = TrainConfig.from_dict({"out_dir": "x", "steps": 1, "micro_batch_size": 1, "lr": 1e-3, "precision": "fast"})
     for amx, cpu in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(D, "_cpu_has_amx", lambda amx=amx: amx)
+        monkeypatch.setattr(D, "_cpu_bf16_fast", lambda amx=amx: amx)
         assert cfg.resolved_precision("cpu") == cpu and cfg.resolved_precision("cuda") == "bf16"
         assert _resolve_dtype("fast", "cpu") == (torch.bfloat16 if amx else torch.float32)
         assert _resolve_dtype("fast", "cuda:0") == torch.bfloat16
     assert TrainConfig.from_dict({"out_dir": "x", "steps": 1, "micro_batch_size": 1, "lr": 1e-3}).resolved_precision(
         "cpu") == "fp32"  # auto stays fp32 on every CPU
+
+
+@pytest.mark.parametrize("amx,flags,speedup,fast", [
+    (True, set(), 0.5, True),                      # AMX tiles: bf16 without a measurement
+    (False, {"avx2"}, 9.0, False),                 # no bf16 arithmetic: fp32 without a measurement
+    (False, {"avx512_bf16"}, 4.0, True),           # full-width bf16 dot products
+    (False, {"avx512_bf16"}, 0.5, False),          # bf16 at half the fp32 rate
+    (False, {"avx512_bf16"}, 1.5, True),           # the threshold itself counts as fast
+])
+def test_cpu_bf16_rule_measures_only_where_the_flags_leave_it_open(monkeypatch, amx, flags, speedup, fast):
+    from hybridlab import device as D
+
+    measured = []
+    monkeypatch.setattr(D, "_cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(D, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(D, "cpu_bf16_speedup", lambda: measured.append(1) or speedup)
+    D._cpu_bf16_fast.cache_clear()
+    try:
+        assert D.bf16_is_fast("cpu") is fast and D.bf16_is_fast("cuda")
+        assert len(measured) == (1 if "avx512_bf16" in flags and not amx else 0)
+    finally:
+        D._cpu_bf16_fast.cache_clear()
+
+
+def test_cpu_bf16_speedup_is_a_measured_ratio():
+    from hybridlab import device as D
+
+    assert D._gemm_seconds(torch.float32, repeats=2) > 0 and 0.05 < D.cpu_bf16_speedup() < 100
