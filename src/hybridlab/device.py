@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -42,20 +43,6 @@ def resolve_device(pref: str | torch.device | None = "auto", local_rank: int = 0
     return torch.device("cpu")
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_has_amx() -> bool:
-    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
-    if init is not None:
-        return bool(init())
-    try:
-        return "amx_tile" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-BF16_MIN_SPEEDUP = 1.5  # measured bf16/fp32 GEMM speed ratio above which a CPU without AMX runs "fast" as bf16
-
-
 def _cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -66,10 +53,19 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+@functools.lru_cache(maxsize=None)
+def _cpu_has_amx() -> bool:
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    if init is not None:
+        return bool(init())
+    return "amx_tile" in _cpu_flags()
+
+
+BF16_MIN_SPEEDUP = 1.5  # measured bf16/fp32 GEMM speed ratio above which a CPU without AMX runs "fast" as bf16
+
+
 def _gemm_seconds(dtype: torch.dtype, repeats: int = 5) -> float:
     """Best-of-`repeats` time of one [1024, 576] x [576, 1536] product (a 135M-class MLP projection)."""
-    import time
-
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(1024, 576, generator=gen).to(dtype)
     b = torch.randn(576, 1536, generator=gen).to(dtype)
@@ -82,7 +78,6 @@ def _gemm_seconds(dtype: torch.dtype, repeats: int = 5) -> float:
     return best
 
 
-@functools.lru_cache(maxsize=None)
 def cpu_bf16_speedup() -> float:
     """fp32 time over bf16 time of the same GEMM on this CPU (above 1: bf16 is quicker)."""
     return _gemm_seconds(torch.float32) / _gemm_seconds(torch.bfloat16)
