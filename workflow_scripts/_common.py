@@ -39,8 +39,8 @@ def parser(description: str, params: str | type | None = None) -> argparse.Argum
 
 
 def load_job(cls, text: str):
-    """`--params` as the job's typed section (`hybridlab.config.job_settings`: one line on a wrong key)."""
-    from hybridlab.config import job_settings
+    """`--params` as the job's typed section (`hybridlab.config_spec.job_settings`: one line on a wrong key)."""
+    from hybridlab.config_spec import job_settings
 
     return job_settings(cls, load_params(text), Path(sys.argv[0]).name)
 

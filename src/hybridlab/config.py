@@ -29,50 +29,13 @@ import yaml
 
 from hybridlab import config_spec
 from hybridlab.config_spec import SCALES, describe  # noqa: F401  (re-exported)
+from hybridlab.config_spec.validate import format_error
 from hybridlab.errors import HybridlabError
 
 
 @functools.lru_cache(maxsize=1)
 def _schema() -> dict:
     return config_spec.json_schema()
-
-
-def _path_str(path) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<top level>"
-
-
-def _allowed(schema: dict) -> str:
-    return ", ".join(map(str, schema.get("enum", [])))
-
-
-def _format_error(err: jsonschema.ValidationError, prefix: str = "config: ") -> str:
-    where = _path_str(err.absolute_path)
-    v, inst, sch = err.validator, err.instance, err.schema
-    if v == "additionalProperties":
-        known = sorted(sch.get("properties", {}))
-        extra = sorted(set(inst) - set(known))
-        key = f"{where}.{extra[0]}" if err.absolute_path else extra[0]
-        return f"{prefix}unknown key '{key}' (allowed here: {', '.join(known)})"
-    if v == "required":
-        missing = [k for k in sch["required"] if k not in inst]
-        return f"{prefix}missing key '{missing[0]}' in {where} (required: {', '.join(sch['required'])})"
-    if v == "enum":
-        return f"{prefix}{where} = {inst!r} is not allowed (allowed: {_allowed(sch)})"
-    if v == "pattern" and "[a-z]{3}_" in sch["pattern"]:
-        return (f"{prefix}{where} = {inst!r} is not a language code; use ISO 639-3 + '_' + ISO 15924 "
-                f"script, e.g. 'tel_Telu'")
-    if v == "type":
-        return f"{prefix}{where} must be of type {sch['type']}, got {type(inst).__name__} {inst!r}"
-    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        return f"{prefix}{where} = {inst!r} is out of range ({v} {sch[v]})"
-    if v == "uniqueItems":
-        return f"{prefix}{where} has duplicate entries: {inst!r}"
-    if v in ("minItems", "maxItems"):
-        return f"{prefix}{where} has {len(inst)} items ({v} {sch[v]})"
-    return f"{prefix}{where}: {err.message}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,7 +51,7 @@ def _check_structure(config: dict) -> None:
         if errors:
             # The deepest error is the most specific one (an unknown key beats "not valid under any schema").
             err = max(errors, key=lambda e: len(e.absolute_path))
-            raise HybridlabError(prefix + _format_error(err))
+            raise HybridlabError(prefix + format_error(err))
 
     check(config)
     # A preset may narrow an experiment's arm lists (the rehearsal does); the merged experiments must be valid.
@@ -96,26 +59,6 @@ def _check_structure(config: dict) -> None:
         if preset.get("experiments"):
             check({**config, "experiments": merged_experiments(config, scale)},
                   f"presets.{scale}.experiments overrides: ")
-
-
-@functools.lru_cache(maxsize=None)
-def _job_validator(cls) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(config_spec.dataclass_json_schema(cls))
-
-
-def job_settings(cls, params: dict, what: str):
-    """A job's typed section (`hybridlab.config_spec.job_sections`) built from its rule's `--params`, after
-    checking them against the section: an unknown or missing key or a wrong value is one line naming it.
-    A section already built is returned as it is."""
-    if isinstance(params, cls):
-        return params
-    if not isinstance(params, dict):
-        raise HybridlabError(f"{what}: --params must be a JSON object")
-    errors = list(_job_validator(cls).iter_errors(params))
-    if errors:
-        err = max(errors, key=lambda e: len(e.absolute_path))
-        raise HybridlabError(_format_error(err, f"{what} --params: ") + f"; see {what} --help")
-    return config_spec.build_section(cls, params)
 
 
 def merged_experiments(config: dict, scale: str) -> dict:
@@ -268,7 +211,8 @@ def studies(cfg: dict) -> list[str]:
 
 def _check_searched(config: dict, scale: str, placements: list[str]) -> None:
     """A searched placement needs the preset's layer importance settings, with a parallel language of its group."""
-    from hybridlab.data.languages import language_group, searched_group
+    from hybridlab.data.languages import language_group
+    from hybridlab.models.placements import searched_group
 
     groups = [g for g in map(searched_group, placements) if g is not None]
     if not groups:

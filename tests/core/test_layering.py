@@ -1,15 +1,15 @@
-"""No upward imports in the library: data -> models -> train -> eval -> plots (docs/methods.md, "Code layering"),
-and no import cycles between its modules.
+"""No upward imports in the library: data -> models -> config -> train -> eval -> plots (docs/methods.md, "Code
+layering"), and no import cycles between its modules.
 
 A module under src/hybridlab/<layer>/ may import hybridlab modules of its own layer or of layers to its left,
 never of a layer to its right. Every import counts, at module level or inside a function (a lazy import is
-still a dependency). Outside the layers: `hybridlab.errors`, `hybridlab.atomic` (atomic writes),
-`hybridlab.device` (the device policy), `hybridlab.heap` (malloc settings) and the package itself
-(`__version__`) sit below all of them
-(anything may import them), `hybridlab.config` and `hybridlab.config_spec` (the config tree and
-its resolution, checked against the language registry) belong to the data layer, and
-the application modules (`cli`, `provenance`, `cache`, `rehearsal`) sit above plots, like the workflow
-scripts: they may import anything and no layered module may import them.
+still a dependency). `hybridlab.config` (the config loader: it checks meaning against the language registry and
+the placement names) is the layer between models and train. Outside the layers: `hybridlab.errors`,
+`hybridlab.atomic` (atomic writes), `hybridlab.device` (the device policy), `hybridlab.heap` (malloc settings),
+`hybridlab.config_spec` (the typed settings and `job_settings`; it imports nothing of the library but errors) and
+the package itself (`__version__`) sit below all of them (anything may import them), and the application modules
+(`cli`, `provenance`, `cache`, `rehearsal`) sit above plots, like the workflow scripts: they may import anything
+and no layered module may import them.
 """
 
 import ast
@@ -17,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "hybridlab"
-LAYERS = ("data", "models", "train", "eval", "plots")
-BASE = {"errors": -1, "atomic": -1, "device": -1, "heap": -1, "config": LAYERS.index("data"), "config_spec": LAYERS.index("data")}
+LAYERS = ("data", "models", "config", "train", "eval", "plots")
+BASE = {"errors": -1, "atomic": -1, "device": -1, "heap": -1, "config_spec": -1}
 APPLICATION = len(LAYERS)
 
 
@@ -106,7 +106,10 @@ def test_the_check_sees_every_kind_of_upward_import():
     assert found[1] == ("src/hybridlab/data/example.py:4: imports hybridlab.eval.capture (eval layer, above data)")
     assert upward_imports(source, SRC / "plots" / "example.py") == [
         "src/hybridlab/plots/example.py:7: imports hybridlab.provenance (application layer, above plots)"]
-    assert upward_imports("from hybridlab.data import packing\n", ROOT / "src/hybridlab/config.py") == []
+    assert upward_imports("from hybridlab.models import placements\n", ROOT / "src/hybridlab/config.py") == []
+    assert upward_imports("from hybridlab.config import resolve\n", SRC / "data" / "example.py") == [
+        "src/hybridlab/data/example.py:1: imports hybridlab.config (config layer, above data)"]
+    assert upward_imports("from hybridlab.config_spec import job_settings\n", SRC / "data" / "example.py") == []
 
 
 # --- import cycles ------------------------------------------------------------------------------------------

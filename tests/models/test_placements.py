@@ -1,16 +1,10 @@
-"""Placements: the DESIGN.md examples, hand-derived 40/10 and 12/3 indices, uneven blocks, errors."""
+"""Placements: the documented examples, hand-derived 40/10 and 12/3 indices, uneven blocks, errors."""
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
 import pytest
 
 from hybridlab.errors import HybridlabError
 from hybridlab.models.placements import (
     PLACEMENTS,
-    draw_placements,
     fa_layers,
     layer_types,
     num_fa_layers,
@@ -122,19 +116,3 @@ def test_layer_types_and_diagram():
     assert types == ["kda"] * 3 + ["full_attention"] + ["kda"] * 3 + ["full_attention"]
     assert placement_diagram(types) == "...A...A"
     assert placement_diagram(["full_attention", "sliding_attention", "gdn"]) == "AS."
-
-
-def test_draw_placements_one_cell_per_layer():
-    fig, ax = plt.subplots()
-    rows = {s: layer_types(s, 12, 0.25) for s in PLACEMENTS}
-    draw_placements(ax, rows)
-    assert len(ax.patches) == 12 * len(PLACEMENTS)
-    assert [t.get_text() for t in ax.get_yticklabels()] == list(PLACEMENTS)
-    # the FA cells of the top row (standard_periodic) sit at x = 3, 7, 11
-    top = len(PLACEMENTS) - 1 + 0.1
-    fa_color = ax.patches[3].get_facecolor()
-    fa_x = sorted(p.get_x() for p in ax.patches if p.get_y() == top and p.get_facecolor() == fa_color)
-    assert fa_x == [3, 7, 11]
-    plt.close(fig)
-    with pytest.raises(HybridlabError):
-        draw_placements(ax, {})

@@ -338,3 +338,26 @@ def test_lm_benchmarks_table_is_wide_and_prefers_filter_none():
     assert df.select(values).row(1) == ("m1", 0.5, 0.6, 0.2)  # no `none` filter: the first filter alphabetically
     # value -+ 1.96 stderr (lm-eval's normal-approximation interval)
     assert (df["arc_easy/acc_lo"][1], df["arc_easy/acc_hi"][1]) == pytest.approx((0.5 - 0.0196, 0.5 + 0.0196))
+
+
+def test_draw_placements_one_cell_per_layer():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hybridlab.models.placements import PLACEMENTS, layer_types
+
+    fig, ax = plt.subplots()
+    rows = {s: layer_types(s, 12, 0.25) for s in PLACEMENTS}
+    figures.draw_placements(ax, rows)
+    assert len(ax.patches) == 12 * len(PLACEMENTS)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(PLACEMENTS)
+    # the FA cells of the top row (standard_periodic) sit at x = 3, 7, 11
+    top = len(PLACEMENTS) - 1 + 0.1
+    fa_color = ax.patches[3].get_facecolor()
+    fa_x = sorted(p.get_x() for p in ax.patches if p.get_y() == top and p.get_facecolor() == fa_color)
+    assert fa_x == [3, 7, 11]
+    plt.close(fig)
+    with pytest.raises(HybridlabError):
+        figures.draw_placements(ax, {})

@@ -88,7 +88,7 @@ def test_every_job_gets_exactly_its_sections_keys(scale):
     refused). No script of the DAG reads --params without a section."""
     import dataclasses
 
-    from hybridlab.config import job_settings
+    from hybridlab.config_spec import job_settings
     from hybridlab.config_spec import DISTILL_JOBS, JOBS
     from hybridlab.data.offline import load_config
 

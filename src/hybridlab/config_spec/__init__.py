@@ -23,7 +23,7 @@ with
     python -m hybridlab.config_spec > src/hybridlab/schemas/config.schema.json
 
 `job_sections` holds one section per pipeline job: the `--params` object its rule passes (built by
-`hybridlab.config.job_settings`, shown by `describe_job`).
+`hybridlab.config_spec.job_settings`, shown by `describe_job`).
 
 `describe("experiments.distill")` renders one section's settings as text (for a script's `--help`):
 
@@ -32,7 +32,8 @@ with
 The package's modules: `fields` (`req`, `opt`, `UNSET` and the named field types), `data_sections`,
 `train_sections` and `eval_sections` (a preset's `data` / `models`, `train` and `eval` sections), `tree`
 (the top-level sections, `Preset`, `Presets` and `Config`), `schema` (`json_schema()`) and `sections`
-(look-up by path, defaults, `build`, `to_dict`, `describe()`, the CLI); every public name is importable from
+(look-up by path, defaults, `build`, `to_dict`, `describe()`, the CLI) and `validate` (one-line messages for
+schema errors, `job_settings`); every public name is importable from
 `hybridlab.config_spec` itself.
 """
 
@@ -57,3 +58,4 @@ from hybridlab.config_spec.job_sections import (  # noqa: F401  (re-exported)
     DISTILL_JOBS, JOBS, BldNlJob, BldSrJob, ConvertJob, DistillStage1Job, DistillStage2Job, FertilityJob, FigureJob,
     GatherJob, HubCorpusJob, HubLayoutJob, LayerImportanceJob, LmBenchmarksJob, MixtureJob, NiahJob, PerplexityJob, PositionLossJob, RecencyJob, ResultsPageJob,
     RetrievalHeadsJob, RetrievalScoreJob, SoftckaJob, SpacedRetrievalJob, TeacherJob, TokenizerJob)
+from hybridlab.config_spec.validate import format_error, job_settings  # noqa: F401  (re-exported)

@@ -2,7 +2,7 @@
 ``--params``.
 
 A rule builds its params from these fields (`job_keys`), the job builds and validates its section from
-them (`hybridlab.config.job_settings`: an unknown or missing key, or a value of the wrong type, is one
+them (`hybridlab.config_spec.job_settings`: an unknown or missing key, or a value of the wrong type, is one
 line), and the script's ``--help`` prints the section (`describe_job`). Most fields are config sections
 passed through whole (a distillation stage, a BLD run); the rest are what the rule adds for one job (the
 replicate seed, the arm).

@@ -391,7 +391,7 @@ def build_hub_corpus(params: "HubCorpusJob | dict", out_dir: str | Path, *, toke
     """
     import json
 
-    from hybridlab.config import job_settings
+    from hybridlab.config_spec import job_settings
     from hybridlab.config_spec import HubCorpusJob, to_dict
 
     job = job_settings(HubCorpusJob, params, "build_hub_corpus.py")

@@ -362,13 +362,3 @@ def language_group(code: str, english: str = ENGLISH) -> str:
     if code == english:
         return "english"
     return "latin" if code.endswith("_Latn") else "nonlatin"
-
-
-def searched_group(placement: str) -> str | None:
-    """The language group a searched placement is chosen for ("searched" -> "all", "searched_<g>" -> g); None for a
-    placement that is not searched."""
-    if placement == "searched":
-        return "all"
-    group = placement.removeprefix("searched_")
-    return group if group != placement and group in SEARCH_GROUPS[1:] else None
-

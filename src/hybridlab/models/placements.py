@@ -29,10 +29,10 @@ layers and the mixer kind (e.g. ``"gdn"``) for the others.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 
-from hybridlab.data.languages import searched_group
+from hybridlab.data.languages import SEARCH_GROUPS
 from hybridlab.errors import HybridlabError
 
 PLACEMENTS: tuple[str, ...] = (
@@ -45,6 +45,17 @@ PLACEMENTS: tuple[str, ...] = (
 EXPLICIT = "explicit"
 ALL_MIXERS = "all_mixers"
 FULL_ATTENTION = "full_attention"
+
+
+def searched_group(placement: str) -> str | None:
+    """The language group a searched placement is chosen for ("searched" -> "all", "searched_<g>" -> g); None for a
+    placement that is not searched."""
+    if placement == "searched":
+        return "all"
+    group = placement.removeprefix("searched_")
+    return group if group != placement and group in SEARCH_GROUPS[1:] else None
+
+
 def top_layers(scores: Sequence[float], n: int) -> list[int]:
     """Sorted indices of the `n` highest scores (a tie goes to the lower layer index)."""
     if not 1 <= n <= len(scores):
@@ -184,46 +195,3 @@ def placement_diagram(types: Sequence[str]) -> str:
     """One character per layer: 'A' full attention, 'S' sliding-window attention, '.' any recurrent mixer."""
     symbol = {FULL_ATTENTION: "A", "sliding_attention": "S"}
     return "".join(symbol.get(t, ".") for t in types)
-
-
-def draw_placements(ax, rows: Mapping[str, Sequence[str]], *, colors: Mapping[str, str] | None = None):
-    """Draw one row of layer cells per named placement on a matplotlib Axes; returns the Axes.
-
-    FA layers are dark, sliding-window light grey, mixers pale; one legend entry per type present.
-    """
-    from matplotlib.patches import Patch, Rectangle
-
-    if not rows:
-        raise HybridlabError("draw_placements needs at least one named row of layer types")
-    palette = {FULL_ATTENTION: "#1f3b73", "sliding_attention": "#9aa5b1"}
-    if colors:
-        palette.update(colors)
-    mixer_color = "#e8c468"
-    names = list(rows)
-    width = max(len(t) for t in rows.values())
-    seen: dict[str, str] = {}
-    for r, name in enumerate(names):
-        y = len(names) - 1 - r  # first row on top
-        for i, t in enumerate(rows[name]):
-            color = palette.get(t, mixer_color)
-            seen.setdefault(t, color)
-            ax.add_patch(Rectangle((i, y + 0.1), 0.9, 0.8, facecolor=color, edgecolor="none"))
-    ax.set_xlim(-0.2, width + 0.1)
-    ax.set_ylim(0, len(names))
-    ax.set_yticks([len(names) - 1 - r + 0.5 for r in range(len(names))])
-    ax.set_yticklabels(names)
-    step = max(1, width // 12)
-    ax.set_xticks([i + 0.45 for i in range(0, width, step)])
-    ax.set_xticklabels([str(i) for i in range(0, width, step)])
-    ax.set_xlabel("layer")
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    ax.tick_params(length=0)
-    ax.legend(
-        handles=[Patch(facecolor=c, label=t.replace("_", " ")) for t, c in seen.items()],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.15 if len(names) > 2 else -0.35),
-        ncol=len(seen),
-        frameon=False,
-    )
-    return ax

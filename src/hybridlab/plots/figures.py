@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 import textwrap
 import warnings
+from collections.abc import Mapping, Sequence
 
 import polars as pl
 
 from hybridlab.errors import HybridlabError
 from hybridlab.eval import stats
-from hybridlab.models.placements import FULL_ATTENTION, draw_placements
+from hybridlab.models.placements import FULL_ATTENTION
 from hybridlab.plots.style import FA_COLOR, MAX_COLS, PALETTE, ROLE_COLORS, LazyModule, new_figure, sns, themed
 from hybridlab.plots.tables import _melt_prefix, _sorted, require
 from hybridlab.plots.uncertainty import nl_runs, seed_band
@@ -42,6 +43,49 @@ from hybridlab.plots.uncertainty import nl_runs, seed_band
 ticker = LazyModule("matplotlib.ticker")
 
 ROLE_DASHES = {"hybrid": "", "dense": (4, 2)}
+
+
+def draw_placements(ax, rows: Mapping[str, Sequence[str]], *, colors: Mapping[str, str] | None = None):
+    """Draw one row of layer cells per named placement on a matplotlib Axes; returns the Axes.
+
+    FA layers are dark, sliding-window light grey, mixers pale; one legend entry per type present.
+    """
+    from matplotlib.patches import Patch, Rectangle
+
+    if not rows:
+        raise HybridlabError("draw_placements needs at least one named row of layer types")
+    palette = {FULL_ATTENTION: "#1f3b73", "sliding_attention": "#9aa5b1"}
+    if colors:
+        palette.update(colors)
+    mixer_color = "#e8c468"
+    names = list(rows)
+    width = max(len(t) for t in rows.values())
+    seen: dict[str, str] = {}
+    for r, name in enumerate(names):
+        y = len(names) - 1 - r  # first row on top
+        for i, t in enumerate(rows[name]):
+            color = palette.get(t, mixer_color)
+            seen.setdefault(t, color)
+            ax.add_patch(Rectangle((i, y + 0.1), 0.9, 0.8, facecolor=color, edgecolor="none"))
+    ax.set_xlim(-0.2, width + 0.1)
+    ax.set_ylim(0, len(names))
+    ax.set_yticks([len(names) - 1 - r + 0.5 for r in range(len(names))])
+    ax.set_yticklabels(names)
+    step = max(1, width // 12)
+    ax.set_xticks([i + 0.45 for i in range(0, width, step)])
+    ax.set_xticklabels([str(i) for i in range(0, width, step)])
+    ax.set_xlabel("layer")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.tick_params(length=0)
+    ax.legend(
+        handles=[Patch(facecolor=c, label=t.replace("_", " ")) for t, c in seen.items()],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.15 if len(names) > 2 else -0.35),
+        ncol=len(seen),
+        frameon=False,
+    )
+    return ax
 
 
 def _pd(df: pl.DataFrame):

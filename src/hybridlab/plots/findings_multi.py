@@ -488,7 +488,7 @@ def searched_rows(importance: pl.DataFrame, rows: pl.DataFrame) -> list[dict]:
     `uncertainty.paired_row_comparison` (seed t-interval, paired on the held-out rows), expected sign "-":
     the placement chosen from data is the better one.
     """
-    from hybridlab.data.languages import searched_group
+    from hybridlab.models.placements import searched_group
     from hybridlab.plots import uncertainty as U
 
     out = []

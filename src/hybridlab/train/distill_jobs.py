@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config import job_settings
+from hybridlab.config_spec import job_settings
 from hybridlab.config_spec import DISTILL_JOBS, DistillStage1Job, DistillStage2Job, to_dict
 from hybridlab.errors import HybridlabError
 from hybridlab.train.jobs import INITIAL_EVAL_FILE, SUMMARY_FILE, final_eval, is_main, with_initial_row, write_summary

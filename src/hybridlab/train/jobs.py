@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config import job_settings
+from hybridlab.config_spec import job_settings
 from hybridlab.errors import HybridlabError
 
 from hybridlab.config_spec import (
