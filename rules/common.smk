@@ -20,6 +20,7 @@ from hybridlab.eval.pairs import model_slug
 from hybridlab.models.placements import ALL_MIXERS, searched_group
 from hybridlab.plots import registry as _registry
 from hybridlab.train.arms import sr_arm_specs, sr_score_points
+from hybridlab.train.config import stage_tokens
 
 try:
     validate(config)
@@ -888,10 +889,7 @@ TABLES = {
 
 
 def _stage_tokens(stage):
-    st = C.get("train", {}).get("distill", {}).get(stage, {})
-    if "token_budget" in st:
-        return st["token_budget"]
-    return st.get("steps", 0) * st.get("micro_batch_size", 0) * st.get("grad_accum", 1) * DATA["seq_len"]
+    return stage_tokens(C.get("train", {}).get("distill", {}).get(stage, {}), DATA["seq_len"])
 
 
 # The results page's preamble: what was trained on what, and how far this budget is from the study's.

@@ -10,7 +10,7 @@ from torch import nn
 
 from hybridlab.errors import HybridlabError
 from hybridlab.train.checkpoint import list_checkpoints
-from hybridlab.train.config import TrainConfig
+from hybridlab.train.config import TrainConfig, stage_tokens, tokens_per_update
 from hybridlab.train.loop import train
 from hybridlab.train.metrics import NONDETERMINISTIC_COLUMNS
 from hybridlab.train.optim import HybridOptimizer, build_param_groups
@@ -103,6 +103,17 @@ def test_config_validation_names_every_bad_field_in_one_line(tmp_path):
         TrainConfig.from_dict({"out_dir": "x", "steps": 3, "learning_rate": 1})
     c = TrainConfig(out_dir="x", token_budget=1000, seq_len=10, micro_batch_size=4, grad_accum=2)
     assert c.total_steps() == math.ceil(1000 / 80)
+
+
+def test_tokens_per_stage_one_rule():
+    """Steps x micro-batch x accumulation x sequence length, or the token budget; the same whatever the process
+    count (the global batch does not scale with ranks), and 0 for a section without a length."""
+    assert tokens_per_update(4, 2, 10) == 80
+    assert stage_tokens({"steps": 3, "micro_batch_size": 4, "grad_accum": 2}, 10) == 240
+    assert stage_tokens({"steps": 3, "micro_batch_size": 4}, 10) == 120
+    assert stage_tokens({"token_budget": 1000, "steps": 3, "micro_batch_size": 4}, 10) == 1000
+    assert stage_tokens({}, 10) == 0
+    assert TrainConfig(out_dir="x", token_budget=240, seq_len=10, micro_batch_size=4, grad_accum=2).total_steps() == 3
 
 
 def test_lr_schedule_hand_computed():

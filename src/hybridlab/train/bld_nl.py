@@ -47,6 +47,7 @@ from torch import nn
 
 from hybridlab.errors import HybridlabError
 from hybridlab.train.arms import FULL_ATTENTION, VARIANTS, NLArm, layer_kinds
+from hybridlab.train.config import tokens_per_update
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size")
@@ -105,7 +106,7 @@ def total_steps(run: dict, n_params: int) -> int:
         raise HybridlabError("train.bld_nl: set exactly one of steps and tokens_per_param")
     if "steps" in run:
         return int(run["steps"])
-    per_step = run["micro_batch_size"] * run.get("grad_accum", 1) * run["context_len"]
+    per_step = tokens_per_update(run["micro_batch_size"], run.get("grad_accum", 1), run["context_len"])
     return max(1, math.ceil(run["tokens_per_param"] * n_params / per_step))
 
 
@@ -116,7 +117,7 @@ def bld_nl_need_tokens(sizes: dict, run: dict, experiment: dict, vocab_size: int
     models built on the meta device (no memory, ~0.1 s each). The data phase sizes the streamed English
     mixture with it.
     """
-    per_step = run["micro_batch_size"] * run.get("grad_accum", 1) * run["context_len"]
+    per_step = tokens_per_update(run["micro_batch_size"], run.get("grad_accum", 1), run["context_len"])
     need = {}
     for size, shape in sizes.items():
         for mixer in experiment["mixers"]:

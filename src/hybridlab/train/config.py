@@ -37,6 +37,22 @@ FSDP = ("auto", "always")
 FINAL_CHECKPOINTS = ("full", "weights")
 MUON_ADJUST_LR = ("original", "match_rms_adamw")
 
+
+
+def tokens_per_update(micro_batch_size: int, grad_accum: int, seq_len: int) -> int:
+    """Tokens of one optimiser update: the global batch (micro_batch_size x grad_accum sequences, whatever the
+    process count) times the sequence length."""
+    return micro_batch_size * grad_accum * seq_len
+
+
+def stage_tokens(run: dict, seq_len: int) -> int:
+    """Tokens a run trains on from its config section: `token_budget` when set, else steps x tokens per update
+    (0 for a section that sets neither)."""
+    if run.get("token_budget"):
+        return int(run["token_budget"])
+    return run.get("steps", 0) * tokens_per_update(run.get("micro_batch_size", 0), run.get("grad_accum", 1), seq_len)
+
+
 # Fields that do not change the trajectory of the weights (see module docstring).
 _NOT_HASHED = frozenset(
     {"out_dir", "log_every", "eval_every", "ckpt_every", "keep_last_k", "final_checkpoint", "progress", "device",
@@ -125,7 +141,7 @@ class TrainConfig:
         if self.steps is not None:
             return self.steps
         assert self.token_budget is not None and self.seq_len is not None  # validated
-        return math.ceil(self.token_budget / (self.batch_size * self.seq_len))
+        return math.ceil(self.token_budget / tokens_per_update(self.micro_batch_size, self.grad_accum, self.seq_len))
 
     def optimizer_for_update(self, step: int) -> str:
         """Which optimiser family runs update number `step` (0-based)."""

@@ -56,6 +56,7 @@ from hybridlab.data.packed_dataset import batch_rows, batch_to, split_batch
 from hybridlab.errors import HybridlabError
 from hybridlab.models.convert import MixerAttention, hybrid_spec
 from hybridlab.models.sites import decoder_layers_or_none
+from hybridlab.train.config import tokens_per_update
 from hybridlab.train.losses import Projected, kl_forward_chunked, stage1_alignment_loss
 from hybridlab.train.tasks import final_hidden, lm_head_side
 
@@ -362,7 +363,7 @@ def eval_interval_steps(interval_tokens: int, micro_batch_size: int, grad_accum:
     """Updates between evaluations for a token interval: round(tokens / tokens per update), at least 1."""
     if interval_tokens < 1:
         raise HybridlabError(f"eval interval of {interval_tokens} tokens must be >= 1")
-    return max(1, round(interval_tokens / (micro_batch_size * grad_accum * seq_len)))
+    return max(1, round(interval_tokens / tokens_per_update(micro_batch_size, grad_accum, seq_len)))
 
 
 def grad_norm_groups() -> dict:

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from hybridlab.errors import HybridlabError
+from hybridlab.train.config import stage_tokens
 
 GB = 1e9
 # Host RSS of a CPU job's Python process before it loads data: 0.25 GB measured (/usr/bin/time -v after
@@ -296,8 +297,7 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
         rule = f"distill_stage{stage}"
         n = gpus_of(rule)
         st = d[f"stage{stage}"]
-        # the global batch (micro_batch_size x grad_accum rows) does not depend on the process count
-        tokens = st.get("token_budget") or st["steps"] * st["micro_batch_size"] * st.get("grad_accum", 1) * seq
+        tokens = stage_tokens(st, seq)  # the global batch does not depend on the process count
         worst = max(P_s, key=P_s.get)
         t, m = worst
         n_mix = shapes[t].num_layers - n_fa[t]
