@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + pip, no GPU needed):
 #   make all    # snakemake all at the embedded default preset (tiny) + the HTML report
-#               # (SCALE=real: the multilinguality study on SmolLM2-135M and FLORES-200, about 105-110 min on 2 idle cores, docs/real.md)
+#               # (SCALE=real: the multilinguality study on SmolLM2-135M and FLORES-200, 96 min measured on 2 cores with fast bf16, docs/real.md)
 #   make test   # the test suite
 # Both create .venv on first use. torch is installed first, pinned, so pip never pulls a CUDA build
 # on a CPU machine.
