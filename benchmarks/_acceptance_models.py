@@ -204,14 +204,14 @@ def live_bytes(*models) -> int:
 
 
 def plan_module():
-    """hybridlab.train.plan, or (None, reason) while the memory plan is missing or incomplete."""
+    """hybridlab.pipeline.cluster.plan, or (None, reason) while the memory plan is missing or incomplete."""
     try:
-        plan = importlib.import_module("hybridlab.train.plan")
+        plan = importlib.import_module("hybridlab.pipeline.cluster.plan")
     except Exception as exc:  # noqa: BLE001
-        return None, f"hybridlab.train.plan does not import: {type(exc).__name__}: {exc}"
+        return None, f"hybridlab.pipeline.cluster.plan does not import: {type(exc).__name__}: {exc}"
     missing = [f for f in ("estimate_step", "measure_peak_bytes") if not callable(getattr(plan, f, None))]
     if missing:
-        return None, f"hybridlab.train.plan has no {', '.join(missing)} yet"
+        return None, f"hybridlab.pipeline.cluster.plan has no {', '.join(missing)} yet"
     return plan, None
 
 

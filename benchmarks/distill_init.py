@@ -6,7 +6,7 @@ One placement (default `sandwich` at FA ratio 0.25: 8 full-attention layers, 22 
 thread. Every number is the held-out KL(teacher || student) in nats per token (the "kl" key of
 `hybridlab.train.distill.heldout_curve_metrics`, token-pooled) on the first `--rows-per-language` val rows of
 each language of the packed mixture. The project's own machinery does the work, wired as
-`hybridlab.train.jobs.distill` wires it: `convert_to_hybrid` (one conversion seed for every arm), stage 1 =
+`hybridlab.pipeline.jobs.train.distill` wires it: `convert_to_hybrid` (one conversion seed for every arm), stage 1 =
 `Stage1Task` (teacher inputs; only the mixers train: `freeze_all_but_mixers`; grad_clip off), stage 2 =
 `Stage2Task` (the whole student on the logit KL, on the train rows stage 1 never reached:
 `sampler.rows_after`), both through `hybridlab.train.loop.train` with `TrainConfig` defaults otherwise

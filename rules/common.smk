@@ -87,7 +87,7 @@ def output_dir(key=0):
     return lambda wc, output: os.path.dirname(_first(output[key]))
 
 
-# Memory plan (hybridlab.train.plan, `hybridlab plan`): at the paper preset every job's estimated peak per
+# Memory plan (hybridlab.pipeline.cluster.plan, `hybridlab plan`): at the paper preset every job's estimated peak per
 # GPU is checked here, before anything is submitted; GPU memory from HYBRIDLAB_GPU_MEM_GB (default 80).
 GPU_MEM_GB = float(os.environ.get("HYBRIDLAB_GPU_MEM_GB", "80"))
 
@@ -95,7 +95,7 @@ GPU_MEM_GB = float(os.environ.get("HYBRIDLAB_GPU_MEM_GB", "80"))
 def _memory_plan():
     if not ON_GPU:
         return []
-    from hybridlab.train.plan import plan_preset, refuse_unfit
+    from hybridlab.pipeline.cluster.plan import plan_preset, refuse_unfit
 
     try:
         plans = plan_preset(config, gpu_mem_gb=GPU_MEM_GB)
@@ -119,17 +119,17 @@ def gpus(job, at_least=1):
         return 0
     if isinstance(job, int):
         return job
-    from hybridlab.train.plan import gpus_for
+    from hybridlab.pipeline.cluster.plan import gpus_for
 
     return max(at_least, gpus_for(MEMORY_PLAN, job, GPU_MEM_GB))
 
 
-# Host memory, disk, time limit and node placement of every rule's jobs, from hybridlab.train.resources (also
+# Host memory, disk, time limit and node placement of every rule's jobs, from hybridlab.pipeline.cluster.resources (also
 # printed by `hybridlab plan`): derived from the model shapes, budgets and document counts at the paper preset,
 # fixed allowances elsewhere.
 # presets.<scale>.cluster: GPUs per node; a job needing more is refused here unless multi_node is set.
 def _rule_resources():
-    from hybridlab.train.resources import cluster_settings, rule_resources
+    from hybridlab.pipeline.cluster.resources import cluster_settings, rule_resources
 
     try:
         return rule_resources(config, MEMORY_PLAN if ON_GPU else None), cluster_settings(C)
@@ -142,7 +142,7 @@ RESOURCES, CLUSTER = _rule_resources()
 
 
 def _placement(rule, n_gpu):
-    from hybridlab.train.resources import placement
+    from hybridlab.pipeline.cluster.resources import placement
 
     try:
         return placement(rule, n_gpu, CLUSTER, SCALE)
@@ -186,7 +186,7 @@ def launcher(n_gpu, at_least=1, rule=None):
     At the rehearsal preset a rule that runs on several GPUs at paper (`at_least` > 1) runs on
     REHEARSAL_PROCESSES CPU processes, so the multi-process path is exercised without a GPU.
     """
-    from hybridlab.train.launch import launch_prefix, srun_prefix
+    from hybridlab.pipeline.cluster.launch import launch_prefix, srun_prefix
 
     n = REHEARSAL_PROCESSES if SCALE == "rehearsal" and at_least > 1 else max(1, n_gpu)
     place = _placement(rule or "a training job", n_gpu) if ON_GPU else None

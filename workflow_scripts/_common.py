@@ -20,7 +20,7 @@ if str(_SRC) not in sys.path:
 from hybridlab.atomic import disk_full  # noqa: E402
 from hybridlab.errors import HybridlabError  # noqa: E402
 from hybridlab.heap import retain_freed_memory  # noqa: E402
-from hybridlab.train.jobs import is_main  # noqa: E402
+from hybridlab.pipeline.jobs.train import is_main  # noqa: E402
 
 
 def parser(description: str, params: str | type | None = None) -> argparse.ArgumentParser:

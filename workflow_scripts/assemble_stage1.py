@@ -1,7 +1,7 @@
 """A placement's stage-1 student assembled from the shared stage 1 (every layer converted, teacher inputs).
 
 Its mixers are the shared run's, its full-attention layers the teacher's; two held-out evaluations (converted,
-assembled) give its stage-1 curve. The job is `hybridlab.train.distill_jobs.assemble_stage1` (what it writes: see its
+assembled) give its stage-1 curve. The job is `hybridlab.pipeline.jobs.distill.assemble_stage1` (what it writes: see its
 docstring; below: the --params keys, stage 2's settings).
 """
 
@@ -10,7 +10,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import DistillStage2Job, describe_job
-    from hybridlab.train import distill_jobs
+    from hybridlab.pipeline.jobs import distill as distill_jobs
 
     p = _common.parser(__doc__, describe_job(DistillStage2Job))
     p.add_argument("--teacher", required=True, help="teacher model directory or hub id")

@@ -1,7 +1,7 @@
 """Distil a dense teacher into its converted hybrid: stage 1 (attention alignment) or stage 2 (logit KL).
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work
-(`--restart` starts over). The run itself is `hybridlab.train.distill_jobs.distill` (what it writes: see its
+(`--restart` starts over). The run itself is `hybridlab.pipeline.jobs.distill.distill` (what it writes: see its
 docstring; below: the --params keys of each stage).
 """
 
@@ -10,7 +10,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import DISTILL_JOBS, describe_job
-    from hybridlab.train import distill_jobs
+    from hybridlab.pipeline.jobs import distill as distill_jobs
 
     p = _common.parser(__doc__, "\n\n".join(describe_job(cls) for cls in DISTILL_JOBS.values()))
     p.add_argument("--stage", required=True, type=int, choices=(1, 2), help="distillation stage")

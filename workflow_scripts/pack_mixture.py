@@ -5,7 +5,7 @@ Rows are consecutive stretches of one language's document stream, kept together 
 With `stream` (hub presets, the English mixture) the web source is streamed instead of the
 corpus, until the largest BLD-NL arm's token budget (`bld_nl`, counted with this tokenizer's
 vocabulary) is packed: data sized to the budget rather than a fixed number of documents
-(`hybridlab.train.jobs.pack_mixture_job`).
+(`hybridlab.pipeline.jobs.train.pack_mixture_job`).
 """
 
 from pathlib import Path
@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
-    from hybridlab.train.jobs import pack_mixture_job
+    from hybridlab.pipeline.jobs.train import pack_mixture_job
 
     pack_mixture_job(_common.load_job(MixtureJob, args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out,
                      parallel=args.parallel)

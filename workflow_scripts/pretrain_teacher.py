@@ -1,7 +1,7 @@
 """Pre-train the dense teacher (Qwen3 architecture from a local config) on the multilingual mixture.
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work.
-The run itself is `hybridlab.train.jobs.pretrain_teacher` (what it writes: see its docstring; below: the --params keys).
+The run itself is `hybridlab.pipeline.jobs.train.pretrain_teacher` (what it writes: see its docstring; below: the --params keys).
 """
 
 import _common
@@ -9,7 +9,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import TeacherJob
-    from hybridlab.train import jobs
+    from hybridlab.pipeline.jobs import train as jobs
 
     p = _common.parser(__doc__, TeacherJob)
     p.add_argument("--mixture", required=True, help="packed mixture directory")

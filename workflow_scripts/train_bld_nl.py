@@ -1,7 +1,7 @@
 """Train one BLD natural-language arm: a NoPE Attention-Mixer-Mixer-Mixer hybrid on English text.
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work
-(`--restart` starts over). The run itself is `hybridlab.train.jobs.train_bld_nl` (what it writes:
+(`--restart` starts over). The run itself is `hybridlab.pipeline.jobs.train.train_bld_nl` (what it writes:
 see its docstring; below: the --params keys; the model, arms and schedule are `hybridlab.train.bld_nl`).
 """
 
@@ -10,7 +10,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import BldNlJob
-    from hybridlab.train import jobs
+    from hybridlab.pipeline.jobs import train as jobs
 
     p = _common.parser(__doc__, BldNlJob)
     p.add_argument("--mixture", required=True, help="packed English mixture directory")

@@ -2,7 +2,7 @@
 
 Resumable: loop checkpoints live in --work; rerunning after a kill continues the same run, while a
 different run (any parameter or the data changed) starts over. The run itself is
-`hybridlab.train.jobs.train_bld_sr` (what it writes: see its docstring; below: the --params keys).
+`hybridlab.pipeline.jobs.train.train_bld_sr` (what it writes: see its docstring; below: the --params keys).
 """
 
 import _common
@@ -10,7 +10,7 @@ import _common
 
 def main() -> None:
     from hybridlab.config_spec import BldSrJob
-    from hybridlab.train import jobs
+    from hybridlab.pipeline.jobs import train as jobs
 
     p = _common.parser(__doc__, BldSrJob)
     p.add_argument("--data", required=True, help="spaced_retrieval split directory (train/val/test.parquet)")

@@ -61,15 +61,15 @@ def _cmd_cache_pull(args) -> None:
 
 def _cmd_plan(args) -> None:
     from hybridlab import config as cfg
-    from hybridlab.train.disk_plan import disk_preset, format_disk
-    from hybridlab.train.plan import format_table, plan_preset, plans_json
+    from hybridlab.pipeline.cluster.disk_plan import disk_preset, format_disk
+    from hybridlab.pipeline.cluster.plan import format_table, plan_preset, plans_json
 
     overrides = {"scale": args.scale} if args.scale else None
     raw = cfg.load(args.configfile, overrides)
     plans = plan_preset(raw, gpu_mem_gb=args.gpu_mem_gb, gpus=args.gpus)
     disks = disk_preset(raw)
     # per rule: host RAM, disk and time next to GPU memory (the requests the rules make)
-    from hybridlab.train.resources import cluster_settings, format_resources, refused, rule_resources
+    from hybridlab.pipeline.cluster.resources import cluster_settings, format_resources, refused, rule_resources
 
     # the requests are for each job's smallest fitting GPU count, whatever --gpus asks the verdict for
     resources = rule_resources(raw, plans if args.gpus is None else plan_preset(raw, gpu_mem_gb=args.gpu_mem_gb))

@@ -1,5 +1,5 @@
-"""No upward imports in the library: data -> models -> config -> train -> eval -> plots (docs/methods.md, "Code
-layering"), and no import cycles between its modules.
+"""No upward imports in the library: data -> models -> config -> train -> eval -> plots -> pipeline
+(docs/methods.md, "Code layering"), and no import cycles between its modules.
 
 A module under src/hybridlab/<layer>/ may import hybridlab modules of its own layer or of layers to its left,
 never of a layer to its right. Every import counts, at module level or inside a function (a lazy import is
@@ -8,7 +8,7 @@ the placement names) is the layer between models and train. Outside the layers: 
 `hybridlab.atomic` (atomic writes), `hybridlab.device` (the device policy), `hybridlab.heap` (malloc settings),
 `hybridlab.config_spec` (the typed settings and `job_settings`; it imports nothing of the library but errors) and
 the package itself (`__version__`) sit below all of them (anything may import them), and the application modules
-(`cli`, `provenance`, `cache`, `rehearsal`) sit above plots, like the workflow scripts: they may import anything
+(`cli`, `provenance`, `cache`, `rehearsal`) sit above the pipeline wing, like the workflow scripts: they may import anything
 and no layered module may import them.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "hybridlab"
-LAYERS = ("data", "models", "config", "train", "eval", "plots")
+LAYERS = ("data", "models", "config", "train", "eval", "plots", "pipeline")
 BASE = {"errors": -1, "atomic": -1, "device": -1, "heap": -1, "config_spec": -1}
 APPLICATION = len(LAYERS)
 

@@ -37,7 +37,7 @@ def _mono():
 
 def test_pack_mixture_job_reports_and_drops_languages_without_text(bpe, tmp_path):
     from hybridlab.data.packing import PackedDataset, read_stats
-    from hybridlab.train.jobs import pack_mixture_job
+    from hybridlab.pipeline.jobs.train import pack_mixture_job
 
     mono = tmp_path / "mono.parquet"
     _mono().write_parquet(mono)
@@ -57,7 +57,7 @@ def test_pack_mixture_job_reports_and_drops_languages_without_text(bpe, tmp_path
 
 
 def test_pack_mixture_job_without_other_languages_is_english_only(bpe, tmp_path):
-    from hybridlab.train.jobs import pack_mixture_job
+    from hybridlab.pipeline.jobs.train import pack_mixture_job
 
     mono = tmp_path / "mono.parquet"
     _mono().write_parquet(mono)
@@ -70,7 +70,7 @@ def test_pack_mixture_job_without_other_languages_is_english_only(bpe, tmp_path)
 
 def test_pack_mixture_job_streams_the_english_web_source_to_the_budget(bpe, tmp_path):
     from hybridlab.train.bld_nl import bld_nl_need_tokens
-    from hybridlab.train.jobs import pack_mixture_job
+    from hybridlab.pipeline.jobs.train import pack_mixture_job
     from hybridlab.data.tokenizer import load_tokenizer
 
     shard = tmp_path / "dclm" / "global-shard_01_of_10" / "local-shard_0_of_10"  # DCLM's own layout

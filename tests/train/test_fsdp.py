@@ -21,7 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hybridlab.train.checkpoint import list_checkpoints
-from hybridlab.train.launch import launch_prefix
+from hybridlab.pipeline.cluster.launch import launch_prefix
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 

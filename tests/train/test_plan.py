@@ -8,7 +8,7 @@ from tiny_models import tiny_qwen3
 
 from hybridlab.cli import main
 from hybridlab.errors import HybridlabError
-from hybridlab.train import disk_plan, plan
+from hybridlab.pipeline.cluster import disk_plan, plan
 
 TOY = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
        "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True, "model_type": "qwen3"}
@@ -202,7 +202,7 @@ def test_paper_disk_keeps_one_checkpoint_per_run(capsys):
 def test_bld_nl_is_planned_with_the_checkpointing_it_trains_with():
     from hybridlab.config import load
     from hybridlab.train.bld_nl import train_config_dict
-    from hybridlab.train.plan import plan_preset
+    from hybridlab.pipeline.cluster.plan import plan_preset
 
     raw = load("config.yaml", {"scale": "paper"})
     nl = raw["presets"]["paper"]["train"]["bld_nl"]

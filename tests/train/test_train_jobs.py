@@ -1,4 +1,4 @@
-"""The training jobs (hybridlab.train.jobs) called directly, without Snakemake, on tiny local data and models:
+"""The training jobs (hybridlab.pipeline.jobs.train) called directly, without Snakemake, on tiny local data and models:
 what each publishes (files, metrics columns, summary keys), resume vs fresh start, the distillation step-0
 row and the NaN stop, and the thin workflow scripts' --help."""
 
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from hybridlab.atomic import atomic_dir
 from hybridlab.errors import HybridlabError
-from hybridlab.train import distill_jobs, jobs
+from hybridlab.pipeline.jobs import distill as distill_jobs, train as jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["pretrain_teacher", "distill", "train_bld_sr", "train_bld_nl"]

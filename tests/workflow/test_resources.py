@@ -1,4 +1,4 @@
-"""The host plan (hybridlab.train.resources): every paper job's host RAM and disk fit its request, the
+"""The host plan (hybridlab.pipeline.cluster.resources): every paper job's host RAM and disk fit its request, the
 rules request what the plan says (mem_mb, disk_mb, runtime, gpu, one node), and a job larger than a node
 is refused unless the multi-node launch is configured."""
 
@@ -13,9 +13,9 @@ from smoke import ROOT, dry_run_all
 
 from hybridlab import cli
 from hybridlab import config as cfg
-from hybridlab.train import resources as res
-from hybridlab.train.launch import srun_prefix
-from hybridlab.train.plan import plan_preset
+from hybridlab.pipeline.cluster import resources as res
+from hybridlab.pipeline.cluster.launch import srun_prefix
+from hybridlab.pipeline.cluster.plan import plan_preset
 
 GB = 1e9
 
@@ -43,7 +43,7 @@ def test_paper_estimates_by_hand(paper):
     """Qwen3-4B: 4,022,468,096 parameters (its model card); the convert job holds the bf16 student (converted
     in place) and the teacher's file pages; a distillation rank the fp32 student and the bf16 teacher."""
     _, rules = paper
-    from hybridlab.train.plan import dense_params, model_params, shape_of
+    from hybridlab.pipeline.cluster.plan import dense_params, model_params, shape_of
 
     s = shape_of("Qwen/Qwen3-4B")
     assert dense_params(s) == 4_022_468_096

@@ -1,6 +1,6 @@
 """Smoke jobs through a real single-node SLURM (tests/workflow/slurm/start.sh) with the project's SLURM
 profile: every job goes through sbatch, and the outputs equal those of a local build. And the multi-node
-launch (hybridlab.train.launch.srun_prefix: srun + torchrun with a c10d rendezvous) in one allocation of two
+launch (hybridlab.pipeline.cluster.launch.srun_prefix: srun + torchrun with a c10d rendezvous) in one allocation of two
 CPU tasks. Both tests share the one cluster (one file, so pytest-xdist runs them on one worker).
 
 Skipped, with start.sh's reason, where that cluster cannot run (not root, no apt-get, no package
@@ -23,7 +23,7 @@ import polars as pl
 import pytest
 
 from hybridlab import cache
-from hybridlab.train.launch import srun_prefix
+from hybridlab.pipeline.cluster.launch import srun_prefix
 
 from smoke import ROOT, SCALE, built_repo, file_hashes, git, pipeline_env, snakemake
 

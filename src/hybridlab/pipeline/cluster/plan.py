@@ -1,6 +1,6 @@
 """Memory plan: estimated peak bytes per rank of every training and evaluation job of a preset, and its report.
-Model shapes and parameter counts live in `hybridlab.train.model_shapes`, the disk plan in
-`hybridlab.train.disk_plan`.
+Model shapes and parameter counts live in `hybridlab.pipeline.cluster.model_shapes`, the disk plan in
+`hybridlab.pipeline.cluster.disk_plan`.
 
 Public API (stable; benchmarks/gpu_acceptance.py calls the first two):
 
@@ -42,8 +42,8 @@ from torch.utils._pytree import tree_leaves
 
 from hybridlab.errors import HybridlabError
 from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
-# KNOWN_MODELS and the parameter counts stay importable from here (hybridlab.train.plan.<name>)
-from hybridlab.train.model_shapes import (  # noqa: F401
+# KNOWN_MODELS and the parameter counts stay importable from here (hybridlab.pipeline.cluster.plan.<name>)
+from hybridlab.pipeline.cluster.model_shapes import (  # noqa: F401
     KNOWN_MODELS,
     Shape,
     _n_fa,

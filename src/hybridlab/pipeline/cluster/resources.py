@@ -12,12 +12,12 @@ Public API (rules/common.smk and `hybridlab plan` call these):
         Nodes and GPUs per node of a GPU job. A job fits one node when it needs at most
         `cluster.gpus_per_node` GPUs; a larger one is refused (one line) unless `cluster.multi_node`
         is set, when it runs on ceil(gpus / gpus_per_node) whole nodes through `srun` + torchrun with a
-        c10d rendezvous (hybridlab.train.launch).
+        c10d rendezvous (hybridlab.pipeline.cluster.launch).
     format_resources(resources) -> str
         The table `hybridlab plan` prints: GPUs, nodes, GPU GB per rank, host RAM, disk and time per rule.
 
 What is derived and what is not. At the paper preset (the GPU cluster) host RAM and disk come from the
-model shapes (hybridlab.train.plan), token budgets and document counts of the config; the training
+model shapes (hybridlab.pipeline.cluster.plan), token budgets and document counts of the config; the training
 jobs' wall time comes from their FLOPs at an assumed sustained throughput (SUSTAINED_FLOPS). The other
 jobs' wall times, and every request of the CPU presets (smoke, tiny, rehearsal, real: small models, a
 laptop or CI box), are fixed allowances (FIXED below). Assumptions are named constants with their
@@ -102,7 +102,7 @@ FIXED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]] = {
     "results_page": _SMALL,
 }
 # Rules that run on GPUs at the paper preset, with the plan job-name prefix their GPU count comes from
-# (None: one GPU) and the count the preset's batch settings assume (hybridlab.train.plan.gpus_for).
+# (None: one GPU) and the count the preset's batch settings assume (hybridlab.pipeline.cluster.plan.gpus_for).
 GPU_RULES: dict[str, tuple[str | None, int]] = {
     "distill_stage1": ("distill_stage1", 4), "distill_stage2": ("distill_stage2", 4), "bld_nl": ("bld_nl", 4),
     "bld_sr": ("bld_sr", 1), "eval_perplexity": ("eval_perplexity", 1), "eval_niah": ("eval_niah", 1),
@@ -127,7 +127,7 @@ class RuleResources:
     minutes: int
     basis: str
     gpus: int = 0
-    gpu_peak_bytes: int = 0  # largest per-rank GPU estimate of the rule's jobs (hybridlab.train.plan)
+    gpu_peak_bytes: int = 0  # largest per-rank GPU estimate of the rule's jobs (hybridlab.pipeline.cluster.plan)
     fixed: bool = False  # a fixed allowance (FIXED), not an estimate
     # one job per model: host bytes of the job of each published model by name, "" for the DAG's models
     by_model: dict[str, int] = field(default_factory=dict)
@@ -193,14 +193,14 @@ def _fixed(rule: str, offline: bool, basis: str = "fixed allowance") -> RuleReso
 
 
 def _hub_params(name: str) -> float:
-    from hybridlab.train.model_shapes import KNOWN_MODELS, dense_params, shape_of
+    from hybridlab.pipeline.cluster.model_shapes import KNOWN_MODELS, dense_params, shape_of
 
     if name in HUB_MODEL_PARAMS:
         return HUB_MODEL_PARAMS[name]
     if name in KNOWN_MODELS:
         return dense_params(shape_of(name))
     raise HybridlabError(f"plan: the size of {name} is unknown to the host plan; add its parameter count to "
-                         "hybridlab.train.resources.HUB_MODEL_PARAMS")
+                         "hybridlab.pipeline.cluster.resources.HUB_MODEL_PARAMS")
 
 
 def distill_flops_per_token(stage: int, *, p_teacher: float, p_student: float, p_trained: float, hidden: int,
@@ -232,9 +232,9 @@ def _paper(raw: dict, C: dict, gpu_plans: list, out: dict[str, RuleResources]) -
     from hybridlab.data.tokenizer import tokenizer_plan
     from hybridlab.train.arms import layer_kinds
     from hybridlab.train.bld_nl import bld_nl_need_tokens
-    from hybridlab.train.disk_plan import disk_preset
+    from hybridlab.pipeline.cluster.disk_plan import disk_preset
     from hybridlab.train.losses import KEPT_LOGITS_ELEMENTS
-    from hybridlab.train.model_shapes import _n_fa, dense_params, mixer_params, model_params, shape_of
+    from hybridlab.pipeline.cluster.model_shapes import _n_fa, dense_params, mixer_params, model_params, shape_of
 
     data, exp, tr = C["data"], C["experiments"], C["train"]
     d = tr["distill"]
@@ -382,7 +382,7 @@ def rule_resources(raw_config: dict, gpu_plans: list | None = None) -> dict[str,
     out = {rule: _fixed(rule, small) for rule in FIXED}
     if C["scale"] == "paper":
         if gpu_plans is None:
-            from hybridlab.train.plan import plan_preset
+            from hybridlab.pipeline.cluster.plan import plan_preset
 
             gpu_plans = plan_preset(raw_config)
         _paper(raw_config, C, gpu_plans, out)

@@ -1,6 +1,6 @@
 """The distillation jobs: one stage of the two-stage recipe (`distill`), and a placement's stage-1 student
 assembled from the shared stage 1 (`assemble_stage1`). Conventions (work directories, checks before the first
-update, atomic publishing) as in `hybridlab.train.jobs`; torch and the models are imported lazily.
+update, atomic publishing) as in `hybridlab.pipeline.jobs.train`; torch and the models are imported lazily.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hybridlab.atomic import atomic_dir
 from hybridlab.config_spec import job_settings
 from hybridlab.config_spec import DISTILL_JOBS, DistillStage1Job, DistillStage2Job, to_dict
 from hybridlab.errors import HybridlabError
-from hybridlab.train.jobs import INITIAL_EVAL_FILE, SUMMARY_FILE, final_eval, is_main, with_initial_row, write_summary
+from hybridlab.pipeline.jobs.train import INITIAL_EVAL_FILE, SUMMARY_FILE, final_eval, is_main, with_initial_row, write_summary
 
 
 def _read_summary(directory: str | Path) -> dict:

@@ -14,9 +14,9 @@ whole run:
   everything is written to ``.<name>.tmp-<pid>`` next to it, which then replaces it), with the model,
   ``metrics.parquet`` and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
 
-`pack_mixture_job` (the data phase's mixture rule) is here rather than in `hybridlab.data` because a streamed
-English mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which
-needs the models and the training length (docs/methods.md, "Code layering").
+`pack_mixture_job` (the data phase's mixture rule) is here with the training jobs because a streamed English
+mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which needs the
+models and the training length.
 
 A workflow script's ``--help`` shows its section's keys (`hybridlab.config_spec.describe_job`). User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
 script's ``--help`` stays fast.
