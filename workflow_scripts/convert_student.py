@@ -23,37 +23,9 @@ def main() -> None:
     args = p.parse_args()
     job = _common.load_job(ConvertJob, args.params)
 
-    from hybridlab.models.convert import convert_to_hybrid
-    from hybridlab.models.io import save_hybrid
-    from hybridlab.errors import HybridlabError
-    from hybridlab.models.placements import fa_layers, num_fa_layers, placement_diagram, searched_group
-    from hybridlab.models.registry import load_causal_lm
+    from hybridlab.pipeline.jobs.models import convert_student_job
 
-    teacher = load_causal_lm(args.teacher)
-    n_layers = teacher.config.get_text_config(decoder=True).num_hidden_layers
-    group = searched_group(job.placement)
-    extra = {"placement": job.placement, "fa_ratio": job.fa_ratio, "teacher": args.teacher}
-    if group is not None:
-        if not args.importance:
-            raise HybridlabError(f"placement {job.placement} is chosen from layer importance; pass --importance")
-        import polars as pl
-
-        from hybridlab.eval.layer_importance import searched_layers
-
-        fa, kl = searched_layers(pl.read_parquet(args.importance), group, n_layers, num_fa_layers(n_layers, job.fa_ratio))
-        extra["search"] = {"group": group, "score": "kl", "kl_by_layer": kl, "importance": args.importance}
-    else:
-        fa = fa_layers(job.placement, n_layers, ratio=job.fa_ratio)
-    n_teacher = sum(p.numel() for p in teacher.parameters())
-    # in place: the loaded teacher becomes the student (no second full copy in host memory)
-    student = convert_to_hybrid(teacher, fa, job.mixer, seed=job.seed, conv_init=job.conv_init, inplace=True)
-    del teacher
-    student.hybridlab_spec.extra = extra
-    save_hybrid(student, args.out)
-    types = ["full_attention" if i in fa else job.mixer for i in range(n_layers)]
-    n_new = sum(p.numel() for p in student.parameters()) - n_teacher
-    print(f"{job.placement} ({job.mixer}): FA layers {fa}  {placement_diagram(types)}  "
-          f"{n_new:+d} parameters vs teacher, conv_init {job.conv_init}")
+    print(convert_student_job(job, teacher=args.teacher, out=args.out, importance=args.importance))
 
 
 if __name__ == "__main__":
