@@ -1,2 +1,3 @@
-"""Job functions of the training rules: `train` (teacher pre-training, the mixture packing, BLD-SR, BLD-NL) and
-`distill` (the distillation stages and the assembly of a placement's stage-1 student)."""
+"""Job functions: `train` (teacher pre-training, the mixture packing, BLD-SR, BLD-NL), `distill` (the
+distillation stages and the assembly of a placement's stage-1 student), `models` (conversion) and `eval` (the
+layer importance pass, the lm-eval benchmarks)."""
