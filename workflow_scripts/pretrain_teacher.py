@@ -1,7 +1,8 @@
 """Pre-train the dense teacher (Qwen3 architecture from a local config) on the multilingual mixture.
 
 Resumable: rerunning the same command after a kill continues from the last checkpoint in --work.
-The run itself is `hybridlab.pipeline.jobs.train.pretrain_teacher` (what it writes: see its docstring; below: the --params keys).
+The run itself is `hybridlab.pipeline.jobs.train.pretrain_teacher` (what it writes: see its docstring; below: the
+--params keys).
 """
 
 import _common

@@ -8,8 +8,8 @@ the placement names) is the layer between models and train. Outside the layers: 
 `hybridlab.atomic` (atomic writes), `hybridlab.device` (the device policy), `hybridlab.heap` (malloc settings),
 `hybridlab.config_spec` (the typed settings and `job_settings`; it imports nothing of the library but errors) and
 the package itself (`__version__`) sit below all of them (anything may import them), and the application modules
-(`cli`, `provenance`, `cache`, `rehearsal`) sit above the pipeline wing, like the workflow scripts: they may import anything
-and no layered module may import them.
+(`cli`, `provenance`, `cache`, `rehearsal`) sit above the pipeline wing, like the workflow scripts: they may
+import anything and no layered module may import them.
 """
 
 import ast

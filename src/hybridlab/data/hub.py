@@ -391,8 +391,7 @@ def build_hub_corpus(params: "HubCorpusJob | dict", out_dir: str | Path, *, toke
     """
     import json
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import HubCorpusJob, to_dict
+    from hybridlab.config_spec import HubCorpusJob, job_settings, to_dict
 
     job = job_settings(HubCorpusJob, params, "build_hub_corpus.py")
     local = job.local_sources

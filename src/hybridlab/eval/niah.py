@@ -300,8 +300,7 @@ def niah_tables(mono: pl.DataFrame | None, params: "NiahJob | dict", *, device: 
                 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per-example table, summary table) of every analysis model: `niah_model_examples` of each model,
     concatenated, and their `niah_summary` (the eval_niah jobs run one model each; niah_tables gathers)."""
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import NiahJob, to_dict
+    from hybridlab.config_spec import NiahJob, job_settings, to_dict
     from hybridlab.eval import pairs
 
     params = job_settings(NiahJob, params, "eval_niah.py")
@@ -347,8 +346,7 @@ def niah_model_examples(mono: pl.DataFrame | None, params: "NiahJob | dict", mod
     fingerprint of the params and the model's files: `hybridlab.train.run.work_dir`); a rerun reads them
     instead of decoding that task again, so a job killed mid-way loses at most one task.
     """
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import NiahJob, to_dict
+    from hybridlab.config_spec import NiahJob, job_settings, to_dict
     from hybridlab.eval import pairs
 
     job = job_settings(NiahJob, params, "eval_niah.py")

@@ -71,8 +71,7 @@ def perplexity_tables(mixture: str, params: "PerplexityJob | dict", *, device: s
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.train import distill
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import PerplexityJob, to_dict
+    from hybridlab.config_spec import PerplexityJob, job_settings, to_dict
     from hybridlab.device import fast_dtype
 
     job = job_settings(PerplexityJob, params, "eval_perplexity.py")

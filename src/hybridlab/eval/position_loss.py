@@ -408,8 +408,7 @@ def position_loss_tables(models: Sequence, params: "PositionLossJob | dict", *, 
     from hybridlab.eval.pairs import arm_columns
     from hybridlab.models.registry import load_causal_lm
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import PositionLossJob, to_dict
+    from hybridlab.config_spec import PositionLossJob, job_settings, to_dict
 
     job = job_settings(PositionLossJob, params, "eval_position_loss.py")
     c = job.position_loss

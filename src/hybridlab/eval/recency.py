@@ -242,8 +242,7 @@ def recency_table(mono: pl.DataFrame, params: "RecencyJob | dict", *, device: st
 
     from hybridlab.eval import pairs
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import RecencyJob, to_dict
+    from hybridlab.config_spec import RecencyJob, job_settings, to_dict
 
     job = job_settings(RecencyJob, params, "eval_recency.py")
     cfg = job.recency

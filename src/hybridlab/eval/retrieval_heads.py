@@ -429,8 +429,7 @@ def retrieval_heads_tables(models: Sequence[str | Path], params: "RetrievalHeads
     from hybridlab.models.registry import load_causal_lm
     from hybridlab.data.packed_dataset import val_stream
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import RetrievalHeadsJob
+    from hybridlab.config_spec import RetrievalHeadsJob, job_settings
 
     job = job_settings(RetrievalHeadsJob, params, "eval_retrieval_heads.py")
     cfg_in, seed = job.retrieval_heads, job.seed

@@ -227,8 +227,7 @@ def retrieval_score_table(arms: Sequence[str | Path], test: str | Path, params: 
     from hybridlab.models.io import load_hybrid
     from hybridlab.train.spaced_retrieval import take_per_gap
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import RetrievalScoreJob
+    from hybridlab.config_spec import RetrievalScoreJob, job_settings
 
     job = job_settings(RetrievalScoreJob, params, "eval_retrieval_score.py")
     test_split = take_per_gap(sr.read_split(test), job.max_examples_per_gap)

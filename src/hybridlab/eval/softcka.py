@@ -444,8 +444,7 @@ def softcka_table(parallel: "pl.DataFrame", params: "SoftckaJob | dict", *, devi
     from hybridlab.eval import pairs
     from hybridlab.eval.capture import capture_hidden_states
 
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import SoftckaJob, to_dict
+    from hybridlab.config_spec import SoftckaJob, job_settings, to_dict
 
     job = job_settings(SoftckaJob, params, "eval_softcka.py")
     cfg = job.softcka

@@ -221,8 +221,7 @@ def render_outputs(name: str, tables: dict[str, pl.DataFrame], params: "FigureJo
     Markdown: `write_table`) `name` from `tables`; returns a one-line report. A table takes the section's
     `baseline_placement` (`hybridlab.config_spec.FigureJob`, or its dict) as its `baseline` when it has that
     parameter."""
-    from hybridlab.config_spec import job_settings
-    from hybridlab.config_spec import FigureJob
+    from hybridlab.config_spec import FigureJob, job_settings
     from hybridlab.config_spec.fields import UNSET
 
     job = job_settings(FigureJob, params or {}, "make_figure.py")

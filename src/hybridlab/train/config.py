@@ -38,7 +38,6 @@ FINAL_CHECKPOINTS = ("full", "weights")
 MUON_ADJUST_LR = ("original", "match_rms_adamw")
 
 
-
 def tokens_per_update(micro_batch_size: int, grad_accum: int, seq_len: int) -> int:
     """Tokens of one optimiser update: the global batch (micro_batch_size x grad_accum sequences, whatever the
     process count) times the sequence length."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridlab.pipeline.cluster.model_shapes import _n_fa, dense_params, hidden_matrix_params, mixer_params, model_params, shape_of
+from hybridlab.pipeline.cluster.model_shapes import (
+    _n_fa, dense_params, hidden_matrix_params, mixer_params, model_params, shape_of)
 from hybridlab.pipeline.cluster.plan import GB
 
 

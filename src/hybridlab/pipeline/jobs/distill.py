@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config_spec import job_settings
-from hybridlab.config_spec import DISTILL_JOBS, DistillStage1Job, DistillStage2Job, to_dict
+from hybridlab.config_spec import DISTILL_JOBS, DistillStage1Job, DistillStage2Job, job_settings, to_dict
 from hybridlab.errors import HybridlabError
-from hybridlab.pipeline.jobs.train import INITIAL_EVAL_FILE, SUMMARY_FILE, final_eval, is_main, with_initial_row, write_summary
+from hybridlab.pipeline.jobs.train import (
+    INITIAL_EVAL_FILE, SUMMARY_FILE, final_eval, is_main, with_initial_row, write_summary)
 
 
 def _read_summary(directory: str | Path) -> dict:

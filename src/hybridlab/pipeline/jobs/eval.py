@@ -45,8 +45,7 @@ def layer_importance_job(params: LayerImportanceJob | dict, *, teacher: str | Pa
     scores = group_scores(terms, job.english, n_fa, n_boot=job.n_boot, seed=job.seed)
     label = [pl.lit(job.teacher).alias("teacher"), pl.lit(job.mixer).alias("mixer")]
     for frame, path in ((terms, rows), (scores, out)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as tmp:
+        with atomic_file(path) as tmp:  # parents created
             frame.select(*label, pl.all()).write_parquet(tmp)
     lines = []
     for g in scores.partition_by("group", maintain_order=True):

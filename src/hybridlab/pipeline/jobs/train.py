@@ -31,11 +31,8 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config_spec import job_settings
+from hybridlab.config_spec import BldNlJob, BldSrJob, MixtureJob, TeacherJob, job_settings, to_dict
 from hybridlab.errors import HybridlabError
-
-from hybridlab.config_spec import (
-    BldNlJob, BldSrJob, MixtureJob, TeacherJob, to_dict)
 
 SUMMARY_FILE = "summary.json"
 INITIAL_EVAL_FILE = "initial_eval.json"
