@@ -1,5 +1,6 @@
 """The shared training loop: config, schedules, param groups, Muon, resume, determinism, NaN stop."""
 
+import dataclasses
 import math
 
 import polars as pl
@@ -103,6 +104,30 @@ def test_config_validation_names_every_bad_field_in_one_line(tmp_path):
         TrainConfig.from_dict({"out_dir": "x", "steps": 3, "learning_rate": 1})
     c = TrainConfig(out_dir="x", token_budget=1000, seq_len=10, micro_batch_size=4, grad_accum=2)
     assert c.total_steps() == math.ceil(1000 / 80)
+
+
+def test_config_sections_allow_what_the_training_loop_allows():
+    """A training setting has one typed form: a distillation stage, the teacher run and a BLD-SR run accept a
+    value of a loop setting exactly when TrainConfig does (null aside: the loop's null means unset)."""
+    import jsonschema
+
+    from hybridlab.config_spec.schema import dataclass_json_schema
+    from hybridlab.config_spec.train_sections import BldSrTrain, DistillStage, Run, TrainRun
+
+    def accepts(cls):
+        v = jsonschema.Draft202012Validator(dataclass_json_schema(cls))
+        return lambda key, value: not [e for e in v.iter_errors({key: value}) if list(e.path)[:1] == [key]]
+
+    engine = accepts(TrainRun)
+    probes = [-1, 0, 0.5, 1, 2, 1e-3, "cosine", "linear", "step", "adamw", "muon", "sgd", "bf16", "fast", "auto",
+              "always", "full", "weights", True]
+    for cls in (DistillStage, Run, BldSrTrain):
+        section = accepts(cls)
+        shared = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(TrainRun)}
+        assert {"lr", "schedule", "optimizer", "warmup_steps", "micro_batch_size"} <= shared
+        for key in shared:
+            for value in probes:
+                assert section(key, value) == engine(key, value), (cls.__name__, key, value)
 
 
 def test_tokens_per_stage_one_rule():

@@ -5,8 +5,64 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 from hybridlab.config_spec.fields import (
-    UNSET, NonNegFloat, NonNegInt, Optimizer, PosFloat, PosInt, Precision, Schedule, Schema, UnitFloat, opt,
+    UNSET, Label, NonNegFloat, NonNegInt, Optimizer, PosFloat, PosInt, Precision, Schedule, Schema, UnitFloat, opt,
     req)
+
+
+Regex = Annotated[str, Schema(format="regex"), Label("regular expression")]
+OpenUnitFloat = Annotated[float, Schema(minimum=0, exclusiveMaximum=1), Label("number in [0, 1)")]
+
+
+@dataclass(kw_only=True)
+class TrainRun:
+    """The shared training loop's settings (`hybridlab.train.config.TrainConfig` is this section with its
+    methods): every trainer (pre-training, distillation, BLD) builds one from its config section."""
+
+    out_dir: Annotated[str, Schema(minLength=1)] = req("the run's work directory (checkpoints, metrics)")
+    steps: PosInt | None = opt(None, "optimiser updates (or token_budget; exactly one)")
+    token_budget: PosInt | None = opt(None, "training tokens (or steps; exactly one): steps = ceil(token_budget "
+                                      "/ tokens per update)")
+    seq_len: PosInt | None = opt(None, "tokens per sequence (required with token_budget)")
+    micro_batch_size: PosInt = opt(8, "sequences per micro-batch")
+    grad_accum: PosInt = opt(1, "micro-batches per update (global batch = micro_batch_size x grad_accum, "
+                             "whatever the process count)")
+    lr: PosFloat = opt(3e-4, "peak learning rate")
+    min_lr_ratio: UnitFloat = opt(0.1, "final learning rate as a fraction of lr")
+    warmup_steps: NonNegInt = opt(0, "linear warmup updates (at most steps)")
+    schedule: Schedule = opt("cosine", "learning-rate schedule after the warmup")
+    weight_decay: NonNegFloat = opt(0.1, "AdamW weight decay")
+    betas: list[OpenUnitFloat] = opt([0.9, 0.95], "AdamW betas", minItems=2, maxItems=2)
+    eps: PosFloat = opt(1e-8, "AdamW epsilon")
+    grad_clip: PosFloat | None = opt(1.0, "gradient-norm clip (null: none)")
+    optimizer: Optimizer = opt("adamw", "optimiser")
+    optimizer_switch_step: NonNegInt | None = opt(None, "from this update on, optimizer_after_switch (BLD; set "
+                                                  "both or neither)")
+    optimizer_after_switch: Optimizer | None = opt(None, "the optimiser from optimizer_switch_step on")
+    muon_lr: PosFloat | None = opt(None, "Muon's learning rate (null: lr, what match_rms_adamw scaling is for)")
+    muon_momentum: OpenUnitFloat = opt(0.95, "Muon momentum")
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = opt("match_rms_adamw", "Muon's learning-rate scaling")
+    lr_multipliers: dict[str, PosFloat] = opt({}, "parameter-name regex (re.search) -> lr multiplier; a "
+                                              "parameter matches at most one", propertyNames={"format": "regex"})
+    no_decay_patterns: list[Regex] = opt(["norm", r"(^|\.)bias$", "A_log", "dt_bias"], "parameter names without "
+                                         "weight decay (beyond every parameter with ndim < 2)")
+    muon_exclude_patterns: list[Regex] = opt(["embed", "lm_head", "wte", "wpe"], "2-D parameters that stay in "
+                                             "AdamW when Muon is used (as do nn.Embedding weights)")
+    seed: NonNegInt = opt(0, "seed of the data order and initialisation")
+    log_every: PosInt = opt(10, "updates between metric rows")
+    eval_every: PosInt | None = opt(None, "updates between held-out evaluations (null: none)")
+    ckpt_every: PosInt | None = opt(None, "updates between checkpoints (null: the end only)")
+    keep_last_k: PosInt = opt(2, "checkpoints the run keeps (the newest)")
+    final_checkpoint: Literal["full", "weights"] = opt(
+        "full", "the checkpoint after the last update: full (weights + optimiser state) or weights (the model "
+        "only: nothing is left to resume but publishing)")
+    precision: Precision = opt("auto", "auto: bf16 on CUDA, fp32 on CPU; fast: bf16 where its matmuls are "
+                               "faster, else fp32")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "where the run trains")
+    progress: bool = opt(True, "a progress bar on the terminal")
+    activation_checkpointing: bool = opt(False, "recompute each decoder layer in backward (memory for compute; "
+                                         "the trajectory is unchanged)")
+    fsdp: Literal["auto", "always"] = opt("auto", "FSDP2 sharding: auto (under torchrun with several processes) "
+                                          "or always (in one process too: the multi-GPU code path)")
 
 
 @dataclass(kw_only=True)

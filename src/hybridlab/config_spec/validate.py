@@ -57,7 +57,36 @@ def format_error(err: jsonschema.ValidationError, prefix: str = "config: ") -> s
 
 @functools.lru_cache(maxsize=None)
 def _job_validator(cls) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(dataclass_json_schema(cls))
+    validator = jsonschema.Draft202012Validator
+    return validator(dataclass_json_schema(cls), format_checker=validator.FORMAT_CHECKER)
+
+
+_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
+def _field_problem(err: jsonschema.ValidationError) -> str:
+    """`name=value: what is allowed` for one bad field of a flat section."""
+    where = _path_str(err.absolute_path)
+    v, inst, sch = err.validator, err.instance, err.schema
+    if v == "enum":
+        return f"{where}={inst!r}: must be one of {tuple(x for x in sch['enum'] if x is not None)}"
+    if v in _BOUNDS:
+        return f"{where}={inst!r}: must be {_BOUNDS[v]} {sch[v]}"
+    if v == "type":
+        return f"{where}={inst!r}: must be of type {sch['type']}"
+    if v == "format":
+        return f"{where}: {inst!r} is not a valid regular expression"
+    if v in ("minItems", "maxItems"):
+        return f"{where}={inst!r}: must have {sch[v]} items"
+    if v == "additionalProperties":
+        return f"unknown key {sorted(set(inst) - set(sch.get('properties', {})))}"
+    return f"{where}: {err.message}"
+
+
+def field_problems(cls, data: dict) -> list[str]:
+    """Every field of `data` that section `cls` does not allow, one `name=value: what is allowed` each (a
+    section built in code, e.g. the training loop's config, reports them all in one line)."""
+    return [_field_problem(e) for e in sorted(_job_validator(cls).iter_errors(data), key=lambda e: [str(x) for x in e.path])]
 
 
 def job_settings(cls, params: dict, what: str):

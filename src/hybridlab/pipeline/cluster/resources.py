@@ -1,6 +1,6 @@
 """Host memory, disk, time limit and node placement of every rule's jobs: the rules' `resources`.
 
-Public API (rules/common.smk and `hybridlab plan` call these):
+Public API (`hybridlab.pipeline.cluster.requests` and `hybridlab plan` call these):
 
     rule_resources(raw_config, gpu_plans=None) -> dict[str, RuleResources]
         One entry per rule of the workflow: the estimated peak host RAM of one job (`host_bytes`), the
