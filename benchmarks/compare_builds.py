@@ -4,8 +4,8 @@ Walks `<a>/results` and `<b>/results` for tables (.parquet, .csv, .md, .json; tr
 HTML report are skipped) and reports, per file present in both and not byte-identical: for parquet tables the
 columns added or removed and, per common column, the largest absolute difference; for text tables the lines
 that differ (a results page's job-times section left out). Timing columns and lines are labelled as such, since
-they differ between any two runs. Files present in one build only are listed. Determinism holds on one
-machine only, so compare builds made on the same machine.
+they differ between any two runs, and so are provenance lines (the commit that built an output). Files present in
+one build only are listed. Determinism holds on one machine only, so compare builds made on the same machine.
 
     python benchmarks/compare_builds.py BUILD_A BUILD_B [--scale tiny]
 """
@@ -19,6 +19,9 @@ import polars as pl
 
 SUFFIXES = (".parquet", ".csv", ".md", ".json")
 TIMING_WORDS = ("seconds", "_s", "time", "tokens_per_s", "elapsed", "peak_mem", "rss", "duration")
+# which commit built an output (provenance.json): differs between builds of two commits by design
+PROVENANCE_WORDS = ('"git_commit"',)
+LABELS = (" (timing)", " (provenance)")
 
 
 def tables(results: Path, scale: str) -> dict[str, Path]:
@@ -73,8 +76,12 @@ def compare_text(pa: Path, pb: Path) -> list[str]:
     lines = []
     for x, y in zip(la, lb):
         if x != y:
-            timing = " (timing)" if any(w in x for w in TIMING_WORDS) and any(w in y for w in TIMING_WORDS) else ""
-            lines.append(f"{x[:150]!r} vs {y[:150]!r}{timing}")
+            label = ""
+            if any(w in x for w in TIMING_WORDS) and any(w in y for w in TIMING_WORDS):
+                label = " (timing)"
+            elif any(w in x and w in y for w in PROVENANCE_WORDS):
+                label = " (provenance)"
+            lines.append(f"{x[:150]!r} vs {y[:150]!r}{label}")
     return lines + ([f"{len(la)} vs {len(lb)} lines"] if len(la) != len(lb) else [])
 
 
@@ -107,7 +114,7 @@ def main() -> None:
     print("\n".join(lines))
     n_common = len(set(tables(args.a / "results", args.scale)) & set(tables(args.b / "results", args.scale)))
     print(f"{same} of {n_common} common files byte-identical; "
-          f"{sum(not line.endswith('(timing)') for line in lines)} differences beyond timing")
+          f"{sum(not line.endswith(LABELS) for line in lines)} differences beyond timing and provenance")
 
 
 if __name__ == "__main__":

@@ -228,6 +228,18 @@ def test_save_load_roundtrip_is_exact(tmp_path, kind):
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # tie kept
 
 
+def test_a_hybrid_saved_again_is_byte_identical(tmp_path):
+    """The tied-weight names safetensors adds to the metadata are written in hash order, which changes between
+    saves; save_hybrid sorts them, so every save of the same model has the same bytes (and hybrid.json the
+    same checksum)."""
+    hybrid = convert_to_hybrid(_teacher("qwen3"), [1], "gdn", seed=3)
+    saved = [(save_hybrid(hybrid, tmp_path / str(i)) / "model.safetensors").read_bytes() for i in range(8)]
+    assert b'"model.embed_tokens.weight":"lm_head.weight"' in saved[0][:400]  # a second metadata key exists
+    assert all(b == saved[0] for b in saved)
+    ids = _ids(2, 5)
+    assert torch.equal(load_hybrid(tmp_path / "7")(ids).logits, hybrid.eval()(ids).logits)
+
+
 def test_a_skeleton_has_the_hybrids_parameters_on_meta_and_its_real_buffers(tmp_path):
     """What sharded ranks other than 0 pass to the training engine: no weights read, nothing allocated."""
     from hybridlab.train.fsdp import params_on_meta

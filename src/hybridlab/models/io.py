@@ -56,6 +56,7 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
             model.generation_config.save_pretrained(out)
         with atomic_file(out / WEIGHTS_FILE) as tmp:
             save_model(model, str(tmp), metadata={"format": "pt"})
+            _sort_metadata(tmp)
         written = {CONFIG_FILE, WEIGHTS_FILE} | ({"generation_config.json"} & {p.name for p in out.iterdir()})
         if tokenizer is not None:
             saved = tokenizer.save_pretrained(out)
@@ -68,6 +69,26 @@ def save_hybrid(model, path, *, tokenizer=None) -> Path:
                                  "there: free space and rerun the same command") from exc
         raise
     return out
+
+
+def _sort_metadata(path: Path) -> None:
+    """Sort the safetensors header's metadata keys in place (same bytes, reordered), so a model saved twice is
+    byte-identical: safetensors adds the names of tied weights it dropped to the metadata, and writes that map
+    in hash order, which changes from one process to the next."""
+    import struct
+
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = f.read(n).decode()
+        start = '{"__metadata__":'
+        if not header.startswith(start):
+            return
+        end = header.index("}", len(start)) + 1  # metadata values are strings: the first '}' closes it
+        meta = json.loads(header[len(start):end])
+        new = json.dumps(dict(sorted(meta.items())), separators=(",", ":"), ensure_ascii=False)
+        if len(new.encode()) == len(header[len(start):end].encode()):
+            f.seek(8 + len(start))
+            f.write(new.encode())
 
 
 def _remove_new(out: Path, before: set[str], existed: bool) -> None:
