@@ -101,7 +101,6 @@ class Dag(RuleParams):
 
     def __init__(self, config: dict):
         validate(config)
-        self.raw = config
         C = self.C = resolve(config)
         self.scale = C["scale"]
         check_paths(C)  # the preset's local_sources exist (one line now, not a failed corpus job later)
@@ -269,7 +268,7 @@ class Dag(RuleParams):
 
     def bld_sr_arm_regex(self):
         """Wildcard constraint: exactly the configured arm names (they contain '.' and '+')."""
-        return "|".join(re.escape(a) for a in self.sr_arms)
+        return wildcard_choice(self.sr_arms)
 
     def bld_nl_arms(self):
         """Arm names: <mixer>-<baseline|bld>, or <mixer>-<size>-<baseline|bld> with several sizes."""
