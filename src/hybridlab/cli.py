@@ -1,6 +1,6 @@
 """The `hybridlab` command line: small helpers around the Snakemake pipeline.
 
-    hybridlab config [--configfile config.yaml] [--scale tiny]   # validate + print the active preset
+    hybridlab config [--configfile config.yaml] [--scale tiny] [--resolved]   # validate + print the preset
     hybridlab placements --scheme sandwich --layers 36 --ratio 0.25
     hybridlab languages                                            # the language registry
     hybridlab cache pull [TARGETS]                                 # dvc pull + mark outputs complete
@@ -29,7 +29,18 @@ def _cmd_config(args) -> None:
     raw = cfg.load(args.configfile, overrides)
     view = cfg.resolve(raw)
     check_paths(view, root=Path(args.configfile).parent)
-    print(json.dumps({"config_hash": cfg.config_hash(view), **view}, indent=2))
+    if args.resolved:
+        print(json.dumps({"config_hash": cfg.config_hash(view), **view}, indent=2))
+        return
+    # as written: a derived preset's own keys, with the presets it derives from (nearest first)
+    import yaml
+
+    written = yaml.safe_load(Path(args.configfile).read_text())
+    scale, chain = view["scale"], []
+    while (parent := written["presets"][chain[-1] if chain else scale].get(cfg.DERIVES_FROM)) is not None:
+        chain.append(parent)
+    print(json.dumps({"config_hash": cfg.config_hash(view), "scale": scale, "derives_from": chain,
+                      "preset": written["presets"][scale]}, indent=2))
 
 
 def _cmd_placements(args) -> None:
@@ -112,9 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hybridlab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
-    c = sub.add_parser("config", help="validate config.yaml and print the resolved preset")
+    c = sub.add_parser("config", help="validate config.yaml and print a preset as written (--resolved: in full)")
     c.add_argument("--configfile", default="config.yaml")
     c.add_argument("--scale", choices=list(SCALES))
+    c.add_argument("--resolved", action="store_true",
+                   help="print the whole resolved preset (inherited keys and defaults included) instead")
     c.set_defaults(func=_cmd_config)
 
     pl = sub.add_parser("placements", help="print the full-attention layers of a placement")

@@ -1,7 +1,9 @@
 """Configuration: load `config.yaml`, validate it once, resolve the active scale preset.
 
-The config declares every experiment once; `presets.<scale>` only changes sizes. Validation is two
-passes, both ending in a one-line `HybridlabError` that names the offending key and what is allowed:
+The config declares every experiment once; `presets.<scale>` only changes sizes. A preset may derive from
+another and state only what differs (`expand_presets`); validation sees every preset written out in full.
+Validation is two passes, both ending in a one-line `HybridlabError` that names the offending key and what is
+allowed:
 
 1. structure and types against the JSON Schema (2020-12) generated from the typed config tree in
    `hybridlab.config_spec` (dataclasses: types, allowed values, ranges, defaults, help per key; unknown
@@ -248,10 +250,91 @@ def _check_shared_stage1(preset: dict, scale: str, distill: dict) -> None:
                              "(one global norm); set it to null, or experiments.distill.stage1: per_placement")
 
 
+DERIVES_FROM, UNSET = "derives_from", "unset"
+
+
+def expand_presets(config: dict) -> dict:
+    """`config` with every derived preset written out in full (a shallow copy; the input is not changed).
+
+    A preset that states `derives_from: <name>` starts from that preset (itself expanded first). Its
+    `unset: [path, ...]` removes inherited keys: dotted paths such as `train.bld_nl.sizes`, matched against the
+    inherited keys, so a key that holds a dot (`sizes.1.4m`) is named the same way. Its own keys then merge
+    over what is left: a mapping key by key, anything else (a list, a number, null) replaces the inherited value.
+    """
+    presets = config.get("presets") if isinstance(config, dict) else None
+    if not isinstance(presets, dict) or not any(isinstance(p, dict) and ({DERIVES_FROM, UNSET} & set(p))
+                                                for p in presets.values()):
+        return config
+    done: dict[str, Any] = {}
+
+    def expand(name: str, chain: tuple[str, ...]) -> Any:
+        if name in done:
+            return done[name]
+        preset = presets[name]
+        where = f"config: presets.{name}"
+        if not isinstance(preset, dict) or DERIVES_FROM not in preset:
+            if isinstance(preset, dict) and UNSET in preset:
+                raise HybridlabError(f"{where}.{UNSET} removes inherited keys, but the preset derives from none; "
+                                     f"add {DERIVES_FROM}: <preset> or remove {UNSET}")
+            done[name] = preset
+            return preset
+        parent = preset[DERIVES_FROM]
+        if not isinstance(parent, str) or parent not in presets or parent == name:
+            others = ", ".join(p for p in presets if p != name)
+            raise HybridlabError(f"{where}.{DERIVES_FROM} = {parent!r} is not another preset of this config; "
+                                 f"name one of {others}")
+        if parent in chain:
+            loop = " -> ".join((*chain[chain.index(parent):], name, parent))
+            raise HybridlabError(f"{where}.{DERIVES_FROM}: the presets derive in a loop ({loop}); let one of them "
+                                 "state its keys in full")
+        base = copy.deepcopy(expand(parent, (*chain, name)))
+        if not isinstance(base, dict):
+            raise HybridlabError(f"config: presets.{parent} is not a mapping, so presets.{name} cannot derive "
+                                 "from it; write it as `key: value` lines")
+        unset = preset.get(UNSET, [])
+        if not isinstance(unset, list) or not all(isinstance(path, str) for path in unset):
+            raise HybridlabError(f"{where}.{UNSET} = {unset!r} is not a list of dotted key paths; write e.g. "
+                                 f"{UNSET}: [train.bld_nl.sizes]")
+        for path in unset:
+            _pop_path(base, path, f"{where}.{UNSET}", parent)
+        done[name] = _merge(base, {k: v for k, v in preset.items() if k not in (DERIVES_FROM, UNSET)})
+        return done[name]
+
+    return {**config, "presets": {name: expand(name, ()) for name in presets}}
+
+
+def _pop_path(tree: dict, path: str, where: str, parent: str) -> None:
+    node, rest = tree, path
+    while isinstance(node, dict):
+        # the longest key the rest of the path starts with, so keys holding a dot are matched whole
+        key = max((k for k in node if rest == str(k) or rest.startswith(f"{k}.")), key=lambda k: len(str(k)),
+                  default=None)
+        if key is None:
+            break
+        if rest == str(key):
+            del node[key]
+            return
+        node, rest = node[key], rest[len(str(key)) + 1:]
+    raise HybridlabError(f"{where} names {path!r}, which presets.{parent} does not set; fix the path or remove it")
+
+
+def _merge(base: dict, own: dict) -> dict:
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = _merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
 def validate(config: dict) -> dict:
-    """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it."""
+    """Validate a raw config dict (as Snakemake sees it, `--config` overrides merged); return it.
+
+    Derived presets are expanded in place (`config["presets"]` is replaced by the written-out presets)."""
     if not isinstance(config, dict) or not config:
         raise HybridlabError("config: empty or not a mapping; start from the repository's config.yaml")
+    if "presets" in config:
+        config["presets"] = expand_presets(config)["presets"]
     _check_seeds(config)
     _check_structure(config)
     _check_meaning(config)
@@ -276,6 +359,7 @@ def load(path: str | Path = "config.yaml", overrides: dict | None = None) -> dic
 
 def resolve(config: dict) -> dict:
     """The flat view of the active preset: languages, experiments, seed, scale + the preset's sections."""
+    config = expand_presets(config)
     scale = config["scale"]
     view = {
         "scale": scale,

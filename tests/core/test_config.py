@@ -1,6 +1,7 @@
 """config.yaml validation: every bad value stops with one line naming the key and the allowed values."""
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def base():
-    return yaml.safe_load((ROOT / "config.yaml").read_text())
+    return cfg.expand_presets(yaml.safe_load((ROOT / "config.yaml").read_text()))
 
 
 def _err(config) -> str:
@@ -271,3 +272,70 @@ def test_a_shared_stage1_needs_teacher_inputs_and_no_global_clip(base):
     c["experiments"]["distill"]["stage1"] = "per_placement"  # one stage 1 per placement takes either
     c["presets"]["tiny"]["train"]["distill"]["stage1"]["grad_clip"] = 1.0
     cfg.validate(c)
+
+
+def _toy_presets(**presets) -> dict:
+    return {"presets": presets}
+
+
+def test_a_derived_preset_merges_maps_replaces_the_rest_and_unsets_named_keys():
+    parent = {"data": {"seq_len": 64, "langs": ["fra_Latn", "zho_Hans"], "sr": {"t": 5, "gaps": [8, 32]}},
+              "train": {"sizes": {"xs": {"hidden_size": 32}, "1.4m": {"hidden_size": 128}}, "lr": 1.0e-3},
+              "eval": {"clip": 1.0}}
+    child = {"derives_from": "base", "unset": ["train.sizes.1.4m", "eval"],
+             "data": {"langs": ["rus_Cyrl"], "sr": {"gaps": [16]}}, "train": {"lr": None}}
+    grandchild = {"derives_from": "child", "unset": ["train.sizes"], "train": {"sizes": {"s": {"hidden_size": 8}}}}
+    raw = _toy_presets(base=parent, child=child, grandchild=grandchild)
+    before = copy.deepcopy(raw)
+    out = cfg.expand_presets(raw)["presets"]
+    assert raw == before  # the input is not changed
+    assert out["base"] == parent
+    assert out["child"] == {"data": {"seq_len": 64, "langs": ["rus_Cyrl"], "sr": {"t": 5, "gaps": [16]}},
+                            "train": {"sizes": {"xs": {"hidden_size": 32}}, "lr": None}}
+    assert out["grandchild"] == {"data": out["child"]["data"], "train": {"sizes": {"s": {"hidden_size": 8}},
+                                                                         "lr": None}}
+    assert cfg.expand_presets(cfg.expand_presets(raw)) == cfg.expand_presets(raw)
+
+
+@pytest.mark.parametrize("presets, message", [
+    ({"a": {"derives_from": "b"}}, "config: presets.a.derives_from = 'b' is not another preset of this config; "
+                                   "name one of "),
+    ({"a": {"derives_from": "a"}}, "config: presets.a.derives_from = 'a' is not another preset"),
+    ({"a": {"derives_from": "b"}, "b": {"derives_from": "a"}},
+     "config: presets.b.derives_from: the presets derive in a loop (a -> b -> a)"),
+    ({"a": {"x": 1}, "b": {"derives_from": "a", "unset": ["y"]}},
+     "config: presets.b.unset names 'y', which presets.a does not set; fix the path or remove it"),
+    ({"a": {"x": {"y": 1}}, "b": {"derives_from": "a", "unset": "x.y"}}, "config: presets.b.unset = 'x.y' is not a "
+                                                                         "list of dotted key paths"),
+    ({"a": {"x": 1, "unset": ["x"]}}, "config: presets.a.unset removes inherited keys, but the preset derives from "
+                                      "none"),
+])
+def test_a_bad_derivation_is_one_line_naming_the_key(presets, message):
+    with pytest.raises(HybridlabError) as err:
+        cfg.expand_presets(_toy_presets(**presets))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_repository_presets_derive_and_the_cli_prints_both_forms(capsys):
+    from hybridlab import cli
+
+    written = yaml.safe_load((ROOT / "config.yaml").read_text())["presets"]
+    assert {s: p.get("derives_from") for s, p in written.items()} == {
+        "smoke": None, "tiny": "smoke", "paper": None, "rehearsal": "paper", "real": "tiny"}
+    full = cfg.load(ROOT / "config.yaml")["presets"]
+    # a derived preset states less than it resolves to, and a key it leaves out is its parent's
+    assert len(_json_lines(written["tiny"])) < len(_json_lines(full["tiny"]))
+    assert "lr" not in written["tiny"]["train"]["distill"]["stage1"]
+    assert full["tiny"]["train"]["distill"]["stage1"]["lr"] == full["smoke"]["train"]["distill"]["stage1"]["lr"]
+    assert "bld_nl" not in full["real"]["train"] and "token_budget" not in full["rehearsal"]["train"]["distill"]["stage1"]
+    assert cli.main(["config", "--scale", "real"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["derives_from"] == ["tiny", "smoke"] and shown["preset"] == written["real"]
+    assert cli.main(["config", "--scale", "real", "--resolved"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved["train"]["distill"] == full["real"]["train"]["distill"] and "derives_from" not in resolved
+    assert resolved["config_hash"] == shown["config_hash"]
+
+
+def _json_lines(obj) -> list[str]:
+    return json.dumps(obj, indent=1).splitlines()

@@ -22,7 +22,7 @@ SCHEMA_FILE = ROOT / "src" / "hybridlab" / "schemas" / "config.schema.json"
 
 @pytest.fixture(scope="module")
 def base():
-    return yaml.safe_load((ROOT / "config.yaml").read_text())
+    return cfg.expand_presets(yaml.safe_load((ROOT / "config.yaml").read_text()))
 
 
 def test_committed_schema_is_the_generated_one():

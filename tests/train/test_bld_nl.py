@@ -106,7 +106,7 @@ def test_bad_bld_nl_config_values_are_one_line_errors():
 
     from hybridlab import config
 
-    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "config.yaml").read_text())
+    base = config.expand_presets(yaml.safe_load((Path(__file__).resolve().parents[2] / "config.yaml").read_text()))
     for mutate, expected in [
         (lambda c: c["presets"]["tiny"]["train"]["bld_nl"].update(context_len=2), "context_len = 2 is out of range"),
         (lambda c: c["experiments"]["bld_nl"].update(freeze_scope="layer"), "allowed: mixer, block"),

@@ -378,9 +378,9 @@ def test_bad_distill_config_values_give_one_line_errors(change, message):
     import yaml
     from smoke import ROOT
 
-    from hybridlab.config import validate
+    from hybridlab.config import expand_presets, validate
 
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = expand_presets(yaml.safe_load((ROOT / "config.yaml").read_text()))
     config["presets"]["tiny"]["train"]["distill"].update(change)
     with pytest.raises(HybridlabError) as err:
         validate(config)
