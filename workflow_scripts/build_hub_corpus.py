@@ -2,7 +2,7 @@
 FineWeb/DCLM.
 
 Writes the same files as the offline builder: parallel.parquet, mono.parquet, manifest.json
-(`hybridlab.data.hub.build_hub_corpus`), the monolingual text streamed one language at a time. `local_sources`
+(`hybridlab.pipeline.jobs.data.hub_corpus_job`), the monolingual text streamed one language at a time. `local_sources`
 ({flores_plus, flores200, fineweb2, fineweb, dclm, ntrex128}: directory or null, from the config key of the same
 name) points at local copies in each hub's own
 layout (see `hybridlab.data.local_sources`); null reads the hub, or its snapshot in the HF cache when
@@ -22,9 +22,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
-    from hybridlab.data.hub import build_hub_corpus
+    from hybridlab.pipeline.jobs.data import hub_corpus_job
 
-    manifest = build_hub_corpus(_common.load_job(HubCorpusJob, args.params), args.out, token=os.environ.get("HF_TOKEN"))
+    manifest = hub_corpus_job(_common.load_job(HubCorpusJob, args.params), args.out, token=os.environ.get("HF_TOKEN"))
     print(f"parallel: {sum(n for _, n in manifest['parallel'])} rows; "
           f"mono: {sum(n for _, n in manifest['mono_docs'])} docs")
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 from pathlib import Path
 
 from _common import run
 
-from hybridlab.data.offline import build_offline_corpus, corpus_report, load_config
-from hybridlab.data.offline_debs import apt_update_private
+from hybridlab.pipeline.jobs.data import offline_corpus_job
 
 PARAMS = """config keys (OfflineCorpusConfig): parallel_languages, mono_languages, packages (required);
 min_english_words, max_parallel_sentences, max_mono_docs_per_language, sentences_per_doc, english_bible_docs,
@@ -36,13 +34,7 @@ def main() -> None:
     p.add_argument("--apt-update", action="store_true", help="fetch private apt package lists into CACHE/apt")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-
-    cfg = load_config(args.config_json, args.params)
-    if args.apt_update:
-        apt_update_private(args.cache)
-    start = time.perf_counter()
-    manifest = build_offline_corpus(cfg, args.cache, args.out)
-    print("\n".join(corpus_report(manifest, time.perf_counter() - start, args.out)))
+    print("\n".join(offline_corpus_job(args.config_json, args.params, args.cache, args.out, apt_update=args.apt_update)))
 
 
 if __name__ == "__main__":

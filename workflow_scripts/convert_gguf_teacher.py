@@ -15,14 +15,12 @@ def main() -> None:
         p.add_argument(name, help="unused for GGUF teachers (accepted so every teacher script shares a rule)")
     p.add_argument("--out", required=True, help="the model directory")
     args = p.parse_args()
+
     job = _common.load_job(TeacherJob, args.params)
-    if not job.gguf:
-        raise _common.HybridlabError("convert_gguf_teacher.py: --params has no gguf; name the teacher's file in "
-                                     "models.gguf")
 
-    from hybridlab.models.gguf import convert_gguf
+    from hybridlab.pipeline.jobs.models import gguf_teacher_job
 
-    record = convert_gguf(job.gguf, args.out)
+    record = gguf_teacher_job(job, out=args.out)
     print(f"converted {job.name} from {record['file']} -> {args.out}: {json.dumps(record, sort_keys=True)}")
 
 

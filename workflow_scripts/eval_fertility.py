@@ -15,33 +15,18 @@ import _common
 
 
 def main() -> None:
-    from hybridlab.config_spec import FertilityJob, to_dict
+    from hybridlab.config_spec import FertilityJob
 
     p = _common.parser(__doc__, FertilityJob)
     p.add_argument("--parallel", required=True, help="parallel corpus parquet (sid, lang, text, source)")
     p.add_argument("--tokenizer", required=True, help="the data phase's tokenizer directory")
     p.add_argument("--out", required=True, help="output table (.parquet)")
     args = p.parse_args()
-    job = _common.load_job(FertilityJob, args.params)
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.eval import fertility_job
 
-    from hybridlab.eval import pairs
-    from hybridlab.eval.fertility import fertility
-    from hybridlab.models.registry import load_tokenizer_for
-
-    names = {"project": args.tokenizer}
-    for m in pairs.analysis_models(**to_dict(job.models)):
-        if m.hub:  # DAG models read the project tokenizer; hub models their own, named by hub id
-            names.setdefault(m.name, m.tokenizer)
-    for hub_id in job.fertility.hub_tokenizers:
-        names.setdefault(hub_id, hub_id)
-    tokenizers = {name: load_tokenizer_for(path) for name, path in names.items()}
-    tokenizers["utf8_bytes"] = lambda text: text.encode("utf-8")
-    print(f"fertility: tokenizers {sorted(tokenizers)}")
-    table = fertility(pl.read_parquet(args.parallel), tokenizers, english=job.english)
-    pairs.write_table(table, args.out)
-    print(table.select("tokenizer", "lang", "tokens_per_sentence", "relative_to_english"))
+    fertility_job(_common.load_job(FertilityJob, args.params), parallel=args.parallel, tokenizer=args.tokenizer,
+                  out=args.out)
 
 
 if __name__ == "__main__":

@@ -31,21 +31,10 @@ def main() -> None:
     p.add_argument("--examples", type=Path, required=True, help="per-example table (.parquet)")
     args = p.parse_args()
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.eval import niah_job
 
-    from hybridlab.errors import HybridlabError
-    from hybridlab.eval.niah import niah_model_examples, niah_tables
-    from hybridlab.eval.pairs import write_table
-
-    mono, params = pl.read_parquet(args.mono), _common.load_job(NiahJob, args.params)
-    if args.model:
-        write_table(niah_model_examples(mono, params, args.model, work=args.work), args.examples)
-        return
-    if args.out is None:
-        raise HybridlabError("eval_niah.py: give --out (the summary table) or --model (one model's examples)")
-    examples, summary = niah_tables(mono, params)
-    write_table(examples, args.examples)
-    write_table(summary, args.out)
+    niah_job(_common.load_job(NiahJob, args.params), mono=args.mono, examples=args.examples, out=args.out,
+             model=args.model, work=args.work)
 
 
 if __name__ == "__main__":

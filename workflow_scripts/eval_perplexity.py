@@ -25,12 +25,10 @@ def main() -> None:
     p.add_argument("--rows-out", type=Path, help="per-row CE / KL table (parquet)")
     args = p.parse_args()
 
-    from hybridlab.eval.perplexity import perplexity_tables
+    from hybridlab.pipeline.jobs.eval import perplexity_job
 
-    ppl, tokens, rows = perplexity_tables(str(args.mixture), _common.load_job(PerplexityJob, args.params))
-    for frame, path in ((ppl, args.out), (tokens, args.tokens_out), (rows, args.rows_out)):
-        if path is not None:
-            _common.write_parquet(frame, path)
+    perplexity_job(_common.load_job(PerplexityJob, args.params), mixture=args.mixture, out=args.out,
+                   tokens_out=args.tokens_out, rows_out=args.rows_out)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,10 @@ def main() -> None:
     params = _common.load_job(PositionLossJob, args.params)
     _common.set_threads(args.threads)
 
-    from hybridlab.eval.position_loss import position_loss_tables
+    from hybridlab.pipeline.jobs.eval import position_loss_job
 
-    buckets, summary = position_loss_tables(args.models, params, mixture=args.mixture, tokenizer=args.tokenizer,
-                                            pg19_local=args.pg19_local or None,
-                                            evaluator_model=args.evaluator_model)
-    _common.write_parquet(buckets, args.out)
-    _common.write_parquet(summary, args.summary)
+    position_loss_job(params, models=args.models, mixture=args.mixture, tokenizer=args.tokenizer, out=args.out,
+                      summary=args.summary, pg19_local=args.pg19_local or None, evaluator_model=args.evaluator_model)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="output table (.parquet)")
     args = p.parse_args()
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.eval import recency_job
 
-    from hybridlab.eval.pairs import write_table
-    from hybridlab.eval.recency import recency_table
-
-    write_table(recency_table(pl.read_parquet(args.mono), _common.load_job(RecencyJob, args.params)), args.out)
+    recency_job(_common.load_job(RecencyJob, args.params), mono=args.mono, out=args.out)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,10 @@ def main() -> None:
     params = _common.load_job(RetrievalHeadsJob, args.params)
     _common.set_threads(args.threads)
 
-    from hybridlab.eval.retrieval_heads import retrieval_heads_tables
+    from hybridlab.pipeline.jobs.eval import retrieval_heads_job
 
-    alphas, curve = retrieval_heads_tables(args.models, params, mixture=args.mixture, tokenizer=args.tokenizer,
-                                           work=args.work)
-    _common.write_parquet(alphas, args.out)
-    _common.write_parquet(curve, args.curve)
+    retrieval_heads_job(params, models=args.models, mixture=args.mixture, tokenizer=args.tokenizer, work=args.work,
+                        out=args.out, curve=args.curve)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,9 @@ def main() -> None:
     params = _common.load_job(RetrievalScoreJob, args.params)
     _common.set_threads(args.threads)
 
-    from hybridlab.eval.retrieval_score import retrieval_score_table
+    from hybridlab.pipeline.jobs.eval import retrieval_score_job
 
-    table = retrieval_score_table(args.arms, args.test, params)
-    _common.write_parquet(table, args.out)
-    print(f"{table.height} rows from {len(args.arms)} arms")
+    retrieval_score_job(params, arms=args.arms, test=args.test, out=args.out)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="output table (.parquet)")
     args = p.parse_args()
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.eval import softcka_job
 
-    from hybridlab.eval.pairs import write_table
-    from hybridlab.eval.softcka import softcka_table
-
-    write_table(softcka_table(pl.read_parquet(args.parallel), _common.load_job(SoftckaJob, args.params), only=args.model),
-                args.out)
+    softcka_job(_common.load_job(SoftckaJob, args.params), parallel=args.parallel, out=args.out, model=args.model)
 
 
 if __name__ == "__main__":

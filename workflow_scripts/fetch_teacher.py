@@ -17,17 +17,13 @@ def main() -> None:
         p.add_argument(name, help="unused for hub teachers (accepted so both teacher scripts share a rule)")
     p.add_argument("--out", required=True, help="local model directory")
     args = p.parse_args()
+
     job = _common.load_job(TeacherJob, args.params)
 
-    from hybridlab.atomic import atomic_dir
-    from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
+    from hybridlab.pipeline.jobs.models import fetch_teacher_job
 
-    model = load_causal_lm(job.name)
-    out = Path(args.out)
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
-        load_tokenizer_for(job.name).save_pretrained(tmp)
-    print(f"saved {job.name} to {out}")
+    fetch_teacher_job(job, out=args.out)
+    print(f"saved {job.name} to {Path(args.out)}")
 
 
 if __name__ == "__main__":

@@ -20,33 +20,11 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the gathered table (niah: the summary)")
     p.add_argument("--examples", help="niah: the per-example table of every model")
     args = p.parse_args()
-    job = _common.load_job(GatherJob, args.params)
 
-    from hybridlab.errors import HybridlabError
-    from hybridlab.eval.pairs import write_table
+    from hybridlab.pipeline.jobs.eval import gather_job
 
-    if args.kind == "softcka":
-        from hybridlab.eval.softcka import gather_softcka
-
-        write_table(gather_softcka(args.inputs, pairs=job.pairs or None), args.out)
-        return
-    if args.kind == "layer_importance":
-        import polars as pl
-
-        write_table(pl.concat([pl.read_parquet(p) for p in args.inputs]), args.out)
-        return
-    if args.kind == "lm_benchmarks":
-        from hybridlab.eval.lm_eval import gather_tables
-
-        write_table(gather_tables(args.inputs), args.out)
-        return
-    if not args.examples:
-        raise HybridlabError("gather_eval.py niah: give --examples (the per-example table)")
-    from hybridlab.eval.niah import gather_niah
-
-    examples, summary = gather_niah(args.inputs)
-    write_table(examples, args.examples)
-    write_table(summary, args.out)
+    gather_job(args.kind, _common.load_job(GatherJob, args.params), inputs=args.inputs, out=args.out,
+               examples=args.examples)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,11 @@ def main() -> None:
     p.add_argument("--out-csv", help="table CSV")
     p.add_argument("--out-md", help="table Markdown")
     args = p.parse_args()
-    params = _common.load_job(FigureJob, args.params)
 
-    from hybridlab.plots import registry
+    from hybridlab.pipeline.jobs.figures import figure_job
 
-    print(registry.render_outputs(args.fig, registry.read_tables(args.tables), params, out_png=args.out_png,
-                                  out_pdf=args.out_pdf, out_csv=args.out_csv, out_md=args.out_md))
+    print(figure_job(_common.load_job(FigureJob, args.params), fig=args.fig, tables=args.tables, out_png=args.out_png,
+                     out_pdf=args.out_pdf, out_csv=args.out_csv, out_md=args.out_md))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ Reads the corpus step's parallel.parquet and mono.parquet (the offline corpus) a
 """
 
 import json
-from pathlib import Path
 
 import _common
 
@@ -19,18 +18,12 @@ def main() -> None:
     p.add_argument("--mono", required=True, help="mono.parquet (doc_id, lang, text, source)")
     p.add_argument("--out", required=True, help="output directory (replaced)")
     args = p.parse_args()
-    job = _common.load_job(HubLayoutJob, args.params)
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.data import hub_layout_job
 
-    from hybridlab.atomic import atomic_dir
-    from hybridlab.data.hub_layout import write_hub_layout
-
-    out = Path(args.out)
-    with atomic_dir(out) as tmp:
-        dirs = write_hub_layout(pl.read_parquet(args.parallel), pl.read_parquet(args.mono), tmp,
-                                split=job.split, shards=job.shards)
-    print(json.dumps({k: str(out / v.name) for k, v in dirs.items()}, sort_keys=True))
+    dirs = hub_layout_job(_common.load_job(HubLayoutJob, args.params), parallel=args.parallel, mono=args.mono,
+                          out=args.out)
+    print(json.dumps(dirs, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,10 @@
 students' distance to the teacher by stage, the alignment quantities by model, and the job times
 (`hybridlab.plots.results_page`)."""
 
-from pathlib import Path
-
 import _common
 
 def main() -> None:
     from hybridlab.config_spec import ResultsPageJob
-    from hybridlab.config_spec.fields import UNSET
 
     p = _common.parser(__doc__, ResultsPageJob)
     p.add_argument("--findings", required=True, help="table_findings.csv")
@@ -17,20 +14,11 @@ def main() -> None:
     p.add_argument("--benchmarks", nargs="*", default=[], help="Snakemake benchmark directories (job times)")
     p.add_argument("--out", required=True, help="the page (results.md)")
     args = p.parse_args()
-    job = _common.load_job(ResultsPageJob, args.params)
 
-    import polars as pl
+    from hybridlab.pipeline.jobs.figures import results_page_job
 
-    from hybridlab.atomic import write_text
-    from hybridlab.plots.registry import read_tables
-    from hybridlab.plots.results_page import alignment_summary, job_times, results_markdown
-
-    files = sorted(f for d in args.benchmarks for f in Path(d).rglob("*.tsv"))
-    alignment = alignment_summary(read_tables([f"softcka={args.softcka}"])["softcka"]) if args.softcka else None
-    page = results_markdown(pl.read_csv(args.findings), pl.read_csv(args.gaps), job_times(files),
-                            scale=job.preset, header=job.header, alignment=alignment,
-                            kl_limit=job.converged_kl if job.converged_kl is not UNSET else None)
-    write_text(args.out, page)
+    results_page_job(_common.load_job(ResultsPageJob, args.params), findings=args.findings, gaps=args.gaps,
+                     out=args.out, softcka=args.softcka, benchmarks=args.benchmarks)
     print(f"results page -> {args.out}")
 
 

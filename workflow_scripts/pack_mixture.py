@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args()
 
-    from hybridlab.pipeline.jobs.train import pack_mixture_job
+    from hybridlab.pipeline.jobs.data import pack_mixture_job
 
     pack_mixture_job(_common.load_job(MixtureJob, args.params), mono=args.mono, tokenizer=args.tokenizer, out=args.out,
                      parallel=args.parallel)

@@ -1,4 +1,4 @@
-"""The data and figures rules' library jobs (pack_mixture_job, build_hub_corpus, the offline corpus config and
+"""The data and figures rules' library jobs (pack_mixture_job, hub_corpus_job, the offline corpus config and
 report, read_tables / render_outputs) called directly on tiny local data, without Snakemake or a subprocess."""
 
 import json
@@ -37,7 +37,7 @@ def _mono():
 
 def test_pack_mixture_job_reports_and_drops_languages_without_text(bpe, tmp_path):
     from hybridlab.data.packing import PackedDataset, read_stats
-    from hybridlab.pipeline.jobs.train import pack_mixture_job
+    from hybridlab.pipeline.jobs.data import pack_mixture_job
 
     mono = tmp_path / "mono.parquet"
     _mono().write_parquet(mono)
@@ -57,7 +57,7 @@ def test_pack_mixture_job_reports_and_drops_languages_without_text(bpe, tmp_path
 
 
 def test_pack_mixture_job_without_other_languages_is_english_only(bpe, tmp_path):
-    from hybridlab.pipeline.jobs.train import pack_mixture_job
+    from hybridlab.pipeline.jobs.data import pack_mixture_job
 
     mono = tmp_path / "mono.parquet"
     _mono().write_parquet(mono)
@@ -70,7 +70,7 @@ def test_pack_mixture_job_without_other_languages_is_english_only(bpe, tmp_path)
 
 def test_pack_mixture_job_streams_the_english_web_source_to_the_budget(bpe, tmp_path):
     from hybridlab.train.bld_nl import bld_nl_need_tokens
-    from hybridlab.pipeline.jobs.train import pack_mixture_job
+    from hybridlab.pipeline.jobs.data import pack_mixture_job
     from hybridlab.data.tokenizer import load_tokenizer
 
     shard = tmp_path / "dclm" / "global-shard_01_of_10" / "local-shard_0_of_10"  # DCLM's own layout
@@ -95,7 +95,7 @@ def test_pack_mixture_job_streams_the_english_web_source_to_the_budget(bpe, tmp_
     assert json.loads((tmp_path / "mix" / "stats.json").read_text()) == stats
 
 
-# ----------------------------------------------------------------------------------------- build_hub_corpus
+# ------------------------------------------------------------------------------------------- hub_corpus_job
 
 def _write(path, df):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,15 +113,15 @@ def _hub_copies(tmp_path):
     return {"flores_plus": str(flores), "flores200": None, "fineweb2": str(fw2), "fineweb": str(fw), "dclm": None}
 
 
-def test_build_hub_corpus_writes_the_three_files_and_returns_the_manifest(tmp_path, monkeypatch):
-    from hybridlab.data.hub import build_hub_corpus
+def test_hub_corpus_job_writes_the_three_files_and_returns_the_manifest(tmp_path, monkeypatch):
+    from hybridlab.pipeline.jobs.data import hub_corpus_job
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     local = _hub_copies(tmp_path)
     params = {"english": ENG, "parallel_languages": [FRA, ENG], "mono_languages": [TEL, ENG],
               "fineweb2_docs_per_language": 4, "english_web_docs": 2, "local_sources": local}
-    manifest = build_hub_corpus(params, tmp_path / "out")
+    manifest = hub_corpus_job(params, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.json", "mono.parquet", "parallel.parquet"]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == json.loads(json.dumps(manifest))
     assert [tuple(r) for r in manifest["parallel"]] == [(ENG, 3), (FRA, 3)]
@@ -137,13 +137,13 @@ def test_build_hub_corpus_writes_the_three_files_and_returns_the_manifest(tmp_pa
     ({"flores": "x"}, r"unknown dataset keys \['flores'\]"),
     ({"flores_plus": "a", "flores200": "b"}, "sets both flores_plus and flores200"),
 ])
-def test_build_hub_corpus_local_source_errors(tmp_path, local, match):
-    from hybridlab.data.hub import build_hub_corpus
+def test_hub_corpus_job_local_source_errors(tmp_path, local, match):
+    from hybridlab.pipeline.jobs.data import hub_corpus_job
 
     params = {"english": ENG, "parallel_languages": [FRA], "mono_languages": [TEL],
               "fineweb2_docs_per_language": 1, "english_web_docs": 1, "local_sources": local}
     with pytest.raises(HybridlabError, match=match):
-        build_hub_corpus(params, tmp_path / "out")
+        hub_corpus_job(params, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

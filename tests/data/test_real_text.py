@@ -15,6 +15,7 @@ from hybridlab.data import hub
 from hybridlab.data.languages import LANGUAGES, dominant_script, get_language, script_fraction
 from hybridlab.data.local_sources import check_hub_languages
 from hybridlab.errors import HybridlabError
+from hybridlab.pipeline.jobs.data import hub_corpus_job
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
@@ -151,12 +152,12 @@ def test_no_flores_sentence_is_in_any_ntrex_file(sources, flores_sentences):
             assert not shared, (r["file"], sorted(shared)[:3])
 
 
-def test_build_hub_corpus_on_the_shipped_text_keeps_flores_out_of_training(tmp_path):
+def test_hub_corpus_job_on_the_shipped_text_keeps_flores_out_of_training(tmp_path):
     params = {"english": "eng_Latn", "parallel_languages": ["zho_Hans", "ory_Orya"],
               "mono_languages": ["fra_Latn", "zho_Hans"], "ntrex_sentences_per_doc": 8,
               "local_sources": {"flores200": str(FLORES), "ntrex128": str(NTREX), "flores_plus": None,
                                 "fineweb2": None, "fineweb": None, "dclm": None}}
-    manifest = hub.build_hub_corpus(params, tmp_path / "out")
+    manifest = hub_corpus_job(params, tmp_path / "out")
     parallel = pl.read_parquet(tmp_path / "out" / "parallel.parquet")
     mono = pl.read_parquet(tmp_path / "out" / "mono.parquet")
     assert sorted(parallel["lang"].unique()) == ["eng_Latn", "ory_Orya", "zho_Hans"] and parallel.height == 3 * 1012
@@ -175,7 +176,7 @@ def test_a_language_ntrex_lacks_is_a_one_line_error(tmp_path):
     params = {"english": "eng_Latn", "parallel_languages": ["ory_Orya"], "mono_languages": ["ory_Orya"],
               "local_sources": {"flores200": str(FLORES), "ntrex128": str(NTREX)}}
     with pytest.raises(HybridlabError, match="NTREX-128 has no language ory_Orya"):
-        hub.build_hub_corpus(params, tmp_path / "out")
+        hub_corpus_job(params, tmp_path / "out")
     # a registry language whose file a local copy lacks
     with pytest.raises(HybridlabError, match=r"has no newstest2019-ref.fra.txt\[.xz\]") as info:
         hub.load_ntrex128(["fra_Latn"], local=tmp_path, sentences_per_doc=16)
@@ -185,7 +186,7 @@ def test_a_language_ntrex_lacks_is_a_one_line_error(tmp_path):
     both = dict(params, mono_languages=["fra_Latn"])
     both["local_sources"] = dict(params["local_sources"], fineweb2="/data/fineweb-2")
     with pytest.raises(HybridlabError, match="both fineweb2 and ntrex128"):
-        hub.build_hub_corpus(both, tmp_path / "out")
+        hub_corpus_job(both, tmp_path / "out")
 
 
 def test_ntrex_names_of_registry_languages():

@@ -67,3 +67,23 @@ def test_every_thin_script_documents_its_params_keys_in_help(script):
     assert proc.returncode == 0, proc.stderr
     assert "keys" in proc.stdout.split("options:")[-1]  # the epilog after the options lists the settings
     assert len((ROOT / "workflow_scripts" / f"{script}.py").read_text().splitlines()) <= 60
+
+
+# not rules: the rehearsal's input writer (`make rehearsal`) and the maintainers' README splicer
+NOT_RULES = {"_common", "make_rehearsal_inputs", "readme_findings"}
+
+
+def test_every_rule_script_is_one_call_of_its_rules_job():
+    """A rule's script parses its arguments and calls its rule's job in hybridlab.pipeline.jobs: no other library
+    import than that one (its typed section and the errors aside), so the job's steps live in one place."""
+    import ast
+
+    scripts = sorted(p for p in (ROOT / "workflow_scripts").glob("*.py") if p.stem not in NOT_RULES)
+    assert len(scripts) >= 25
+    for path in scripts:
+        imports = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").startswith("hybridlab")
+                   and not n.module.startswith(("hybridlab.config_spec", "hybridlab.errors"))]
+        modules = [n.module for n in imports]
+        assert len(modules) == 1 and modules[0].startswith("hybridlab.pipeline.jobs"), (path.name, modules)
+        assert len(path.read_text().splitlines()) <= 60, path.name

@@ -51,7 +51,6 @@ a warning.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import lzma
 import re
@@ -62,7 +61,6 @@ import polars as pl
 from datasets import load_dataset
 from datasets.exceptions import DatasetsError
 
-from hybridlab.atomic import atomic_file, write_text
 from hybridlab.data.languages import dataset_config
 from hybridlab.errors import HybridlabError
 
@@ -371,82 +369,6 @@ def load_pg19(n_books: int, split: str = "test", *, local: str | Path | None = N
         raise HybridlabError(f"PG-19 split {split!r} does not exist; use one of {', '.join(PG19_SPLITS)}")
     return stream_docs("pg19", None, n_books, split=split, id_column="url", lang=ENGLISH, source=f"pg19/{split}",
                        local=local, token=token)
-
-
-# --- the hub presets' corpus rule ------------------------------------------------------------------------
-
-def build_hub_corpus(params: "HubCorpusJob | dict", out_dir: str | Path, *, token: str | None = None) -> dict:
-    """Parallel text from FLoRes+ (or the FLORES-200 release) and monolingual text from FineWeb-2 + FineWeb
-    or DCLM (or NTREX-128), written as the offline builder's files (parallel.parquet, mono.parquet,
-    manifest.json) in `out_dir`, each replaced atomically; returns the manifest.
-
-    `params`: the job's section (`hybridlab.config_spec.HubCorpusJob`, or its dict). Its `local_sources` name a
-    local copy in the hub's own layout per dataset, or null (`hybridlab.data.local_sources`; null reads the
-    hub, or its snapshot in the HF cache when HF_HUB_OFFLINE=1). `flores200` set: the parallel text is the
-    FLORES-200 text release. `ntrex128` set: the monolingual text is NTREX-128 for mono_languages plus
-    English, grouped by `ntrex_sentences_per_doc` sentences per document (the FineWeb-2 / web counts are
-    then unused). English comes first among the parallel languages; it is never a FineWeb-2 language.
-    mono.parquet is written one language at a time (`write_frames`), so memory holds one language's documents.
-    `token`: the hub token.
-    """
-    import json
-
-    from hybridlab.config_spec import HubCorpusJob, job_settings, to_dict
-
-    job = job_settings(HubCorpusJob, params, "build_hub_corpus.py")
-    local = job.local_sources
-    unknown = sorted(set(local) - set(LAYOUTS))
-    if unknown:
-        raise HybridlabError(f"local_sources: unknown dataset keys {unknown}; known: {', '.join(LAYOUTS)}")
-    english = job.english
-    split = job.flores_split
-    par_langs = [english] + [x for x in job.parallel_languages if x != english]
-    if local.get("flores200"):
-        if local.get("flores_plus"):
-            raise HybridlabError("local_sources sets both flores_plus and flores200; keep the one parallel source")
-        parallel = load_flores200(par_langs, split, local=local["flores200"])
-        par_source = str(local["flores200"])
-    else:
-        parallel = load_flores(par_langs, split, local=local.get("flores_plus"), token=token)
-        par_source = str(local.get("flores_plus") or FLORES)
-    mono_langs = [x for x in job.mono_languages if x != english]
-    if local.get("ntrex128"):
-        if local.get("fineweb2"):
-            raise HybridlabError("local_sources sets both fineweb2 and ntrex128; keep the one monolingual source")
-        frames = iter([load_ntrex128(mono_langs + [english], local=local["ntrex128"],
-                                     sentences_per_doc=job.ntrex_sentences_per_doc)])
-        mono_sources = {"mono": f"ntrex128:{local['ntrex128']}", "english": f"ntrex128:{local['ntrex128']}"}
-    else:
-        web = job.english_web
-        if not (job.fineweb2_docs_per_language and job.english_web_docs):
-            raise HybridlabError("build_hub_corpus.py --params: fineweb2_docs_per_language and english_web_docs are "
-                                 "needed without local_sources.ntrex128; set data.fineweb2_docs_per_language and "
-                                 "data.english_web_docs")
-        # one language at a time: streamed, appended to mono.parquet, dropped
-        n_docs = job.fineweb2_docs_per_language
-        frames = itertools.chain(
-            (stream_docs("fineweb2", dataset_config(lang, "fineweb2"), n_docs, lang=lang, source="fineweb2",
-                         local=local.get("fineweb2"), token=token) for lang in mono_langs),
-            (load_english_web(job.english_web_docs, source=web, local=local.get(web), token=token)
-             for _ in range(1)))
-        mono_sources = {"mono": str(local.get("fineweb2") or FINEWEB2),
-                        "english": str(local.get(web) or HUB_NAMES[web])}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out / "mono.parquet") as tmp:
-        mono_docs = write_frames(frames, tmp, MONO_SCHEMA)
-    manifest = {
-        "source": "hub",
-        "datasets": {"parallel": par_source, **mono_sources},
-        "parallel": parallel.group_by("lang").len().sort("lang").rows(),
-        "mono_docs": sorted(mono_docs.items()),
-        "unavailable": {},
-        "config": params if isinstance(params, dict) else to_dict(job),  # as the rule gave it
-    }
-    with atomic_file(out / "parallel.parquet") as tmp:
-        parallel.write_parquet(tmp)
-    write_text(out / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-    return manifest
 
 
 def write_frames(frames: Iterator[pl.DataFrame], path: str | Path, schema: dict) -> dict[str, int]:

@@ -1,12 +1,170 @@
-"""Job functions of the evaluation rules that combine several library parts: the layer importance pass (a
-teacher and its all_mixers stage-1 student) and the lm-eval benchmarks (paper preset)."""
+"""The evaluation rules' jobs: one function per rule, called by its thin workflow script (load the inputs, run
+the evaluation, publish its tables atomically). The evaluations themselves, and the columns of every table,
+are defined next to the science in `hybridlab.eval` (`softcka_table`, `niah_tables`, ...); a job adds the
+files. Every job takes its typed section (`hybridlab.config_spec.job_sections`, or its dict) and plain paths.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from hybridlab.config_spec import LayerImportanceJob, LmBenchmarksJob, job_settings, to_dict
+from hybridlab.atomic import atomic_file
+from hybridlab.config_spec import (FertilityJob, GatherJob, LayerImportanceJob, LmBenchmarksJob, NiahJob,
+                                   PerplexityJob, PositionLossJob, RecencyJob, RetrievalHeadsJob, RetrievalScoreJob,
+                                   SoftckaJob, job_settings, to_dict)
 from hybridlab.errors import HybridlabError
+
+
+def _publish(tables: dict, *, statistics: bool = True) -> None:
+    """Write each {path: polars table} atomically (parents created); a None path is skipped."""
+    for path, frame in tables.items():
+        if path is not None:
+            with atomic_file(path) as tmp:
+                frame.write_parquet(tmp, statistics=statistics)
+
+
+def softcka_job(params: SoftckaJob | dict, *, parallel: str | Path, out: str | Path, model: str | None = None) -> None:
+    """SoftCKA of every layer, English vs each parallel language (`hybridlab.eval.softcka.softcka_table`), of
+    every analysis model or of `model` alone (the rule's per-model jobs), to `out`."""
+    import polars as pl
+
+    from hybridlab.eval.softcka import softcka_table
+
+    table = softcka_table(pl.read_parquet(parallel), job_settings(SoftckaJob, params, "eval_softcka.py"), only=model)
+    _publish({out: table}, statistics=False)
+
+
+def niah_job(params: NiahJob | dict, *, mono: str | Path | None, examples: str | Path, out: str | Path | None = None,
+             model: str | None = None, work: str | Path | None = None) -> None:
+    """Multilingual needle-in-a-haystack (`hybridlab.eval.niah`): with `model`, that model's per-example table
+    to `examples` (each finished task kept in `work`, so a rerun decodes only the rest); without, every model's
+    per-example table to `examples` and the summary to `out`."""
+    import polars as pl
+
+    from hybridlab.eval.niah import niah_model_examples, niah_tables
+
+    job = job_settings(NiahJob, params, "eval_niah.py")
+    corpus = pl.read_parquet(mono) if mono is not None else None
+    if model:
+        _publish({examples: niah_model_examples(corpus, job, model, work=work)}, statistics=False)
+        return
+    if out is None:
+        raise HybridlabError("eval_niah.py: give --out (the summary table) or --model (one model's examples)")
+    per_example, summary = niah_tables(corpus, job)
+    _publish({examples: per_example, out: summary}, statistics=False)
+
+
+def recency_job(params: RecencyJob | dict, *, mono: str | Path, out: str | Path) -> None:
+    """Attention recency of every analysis model (`hybridlab.eval.recency.recency_table`) to `out`."""
+    import polars as pl
+
+    from hybridlab.eval.recency import recency_table
+
+    table = recency_table(pl.read_parquet(mono), job_settings(RecencyJob, params, "eval_recency.py"))
+    _publish({out: table}, statistics=False)
+
+
+def fertility_job(params: FertilityJob | dict, *, parallel: str | Path, tokenizer: str | Path, out: str | Path,
+                  log=print) -> None:
+    """Tokens per sentence relative to English (`hybridlab.eval.fertility.fertility`) for the project tokenizer
+    (`tokenizer`, named `project`), every hub analysis model's own tokenizer, `fertility.hub_tokenizers` and the
+    `utf8_bytes` reference, to `out`."""
+    import polars as pl
+
+    from hybridlab.eval import pairs
+    from hybridlab.eval.fertility import fertility
+    from hybridlab.models.registry import load_tokenizer_for
+
+    job = job_settings(FertilityJob, params, "eval_fertility.py")
+    names = {"project": str(tokenizer)}
+    for m in pairs.analysis_models(**to_dict(job.models)):
+        if m.hub:  # DAG models read the project tokenizer; hub models their own, named by hub id
+            names.setdefault(m.name, m.tokenizer)
+    for hub_id in job.fertility.hub_tokenizers:
+        names.setdefault(hub_id, hub_id)
+    tokenizers = {name: load_tokenizer_for(path) for name, path in names.items()}
+    tokenizers["utf8_bytes"] = lambda text: text.encode("utf-8")
+    log(f"fertility: tokenizers {sorted(tokenizers)}")
+    table = fertility(pl.read_parquet(parallel), tokenizers, english=job.english)
+    _publish({out: table}, statistics=False)
+    log(table.select("tokenizer", "lang", "tokens_per_sentence", "relative_to_english"))
+
+
+def perplexity_job(params: PerplexityJob | dict, *, mixture: str | Path, out: str | Path, tokens_out: str | Path,
+                   rows_out: str | Path | None = None) -> None:
+    """Held-out CE / KL of every distilled student and its teacher (`hybridlab.eval.perplexity`): the table to
+    `out`, tokens-to-baseline to `tokens_out`, per-row CE / KL to `rows_out` (None: not written)."""
+    from hybridlab.eval.perplexity import perplexity_tables
+
+    ppl, tokens, rows = perplexity_tables(str(mixture), job_settings(PerplexityJob, params, "eval_perplexity.py"))
+    _publish({out: ppl, tokens_out: tokens, rows_out: rows})
+
+
+def position_loss_job(params: PositionLossJob | dict, *, models: Sequence[str | Path], mixture: str | Path,
+                      tokenizer: str | Path, out: str | Path, summary: str | Path, pg19_local: str | None = None,
+                      evaluator_model: str | Path | None = None) -> None:
+    """Loss by position and LongPPL of every BLD-NL arm (`hybridlab.eval.position_loss`): per bucket to `out`,
+    per model to `summary`."""
+    from hybridlab.eval.position_loss import position_loss_tables
+
+    buckets, per_model = position_loss_tables(models, job_settings(PositionLossJob, params, "eval_position_loss.py"),
+                                              mixture=mixture, tokenizer=tokenizer, pg19_local=pg19_local or None,
+                                              evaluator_model=evaluator_model)
+    _publish({out: buckets, summary: per_model})
+
+
+def retrieval_heads_job(params: RetrievalHeadsJob | dict, *, models: Sequence[str | Path], mixture: str | Path,
+                        tokenizer: str | Path, work: str | Path, out: str | Path, curve: str | Path) -> None:
+    """Retrieval heads of every BLD-NL arm (`hybridlab.eval.retrieval_heads`): the head gates to `out`, the
+    masking curve to `curve`; the gate-training runs live in `work`."""
+    from hybridlab.eval.retrieval_heads import retrieval_heads_tables
+
+    alphas, masking = retrieval_heads_tables(models, job_settings(RetrievalHeadsJob, params, "eval_retrieval_heads.py"),
+                                             mixture=mixture, tokenizer=tokenizer, work=work)
+    _publish({out: alphas, curve: masking})
+
+
+def retrieval_score_job(params: RetrievalScoreJob | dict, *, arms: Sequence[str | Path], test: str | Path,
+                        out: str | Path, log=print) -> None:
+    """The per-layer retrieval score of every BLD-SR arm's checkpoints by activation patching
+    (`hybridlab.eval.retrieval_score`) to `out`."""
+    from hybridlab.eval.retrieval_score import retrieval_score_table
+
+    table = retrieval_score_table(arms, test, job_settings(RetrievalScoreJob, params, "eval_retrieval_score.py"))
+    _publish({out: table})
+    log(f"{table.height} rows from {len(arms)} arms")
+
+
+def gather_job(kind: str, params: GatherJob | dict, *, inputs: Sequence[str | Path], out: str | Path,
+               examples: str | Path | None = None) -> None:
+    """One table from the per-model jobs' tables of `kind`: softcka (pairs re-attached,
+    `eval.softcka.gather_softcka`), layer_importance (concatenated), lm_benchmarks (`eval.lm_eval.gather_tables`)
+    or niah (`eval.niah.gather_niah`: the per-example table to `examples`, the summary to `out`)."""
+    import polars as pl
+
+    job = job_settings(GatherJob, params, "gather_eval.py")
+    if kind == "softcka":
+        from hybridlab.eval.softcka import gather_softcka
+
+        tables = {out: gather_softcka(inputs, pairs=job.pairs or None)}
+    elif kind == "layer_importance":
+        tables = {out: pl.concat([pl.read_parquet(p) for p in inputs])}
+    elif kind == "lm_benchmarks":
+        from hybridlab.eval.lm_eval import gather_tables
+
+        tables = {out: gather_tables(inputs)}
+    elif kind == "niah":
+        if not examples:
+            raise HybridlabError("gather_eval.py niah: give --examples (the per-example table)")
+        from hybridlab.eval.niah import gather_niah
+
+        per_example, summary = gather_niah(inputs)
+        tables = {examples: per_example, out: summary}
+    else:
+        raise HybridlabError(f"gather_eval.py: unknown kind {kind!r}; use softcka, niah, lm_benchmarks or "
+                             "layer_importance")
+    _publish(tables, statistics=False)
 
 
 def layer_importance_job(params: LayerImportanceJob | dict, *, teacher: str | Path, student: str | Path,

@@ -1,11 +1,36 @@
-"""Job function of the conversion rule: a dense teacher into a hybrid at one placement."""
+"""The models phase's jobs: a hub or GGUF teacher saved as a local model directory, and a dense teacher converted
+into a hybrid at one placement. One function per rule, called by its thin workflow script."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hybridlab.config_spec import ConvertJob, job_settings
+from hybridlab.config_spec import ConvertJob, TeacherJob, job_settings
 from hybridlab.errors import HybridlabError
+
+
+def fetch_teacher_job(params: TeacherJob | dict, *, out: str | Path) -> None:
+    """The hub teacher `name` (or a local path; `hybridlab.models.registry`) with its tokenizer saved as a
+    from_pretrained directory at `out`, replaced atomically: later rules read it, so the hub is read once."""
+    from hybridlab.atomic import atomic_dir
+    from hybridlab.models.registry import load_causal_lm, load_tokenizer_for
+
+    job = job_settings(TeacherJob, params, "fetch_teacher.py")
+    model = load_causal_lm(job.name)
+    with atomic_dir(Path(out)) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+        load_tokenizer_for(job.name).save_pretrained(tmp)
+
+
+def gguf_teacher_job(params: TeacherJob | dict, *, out: str | Path) -> dict:
+    """The teacher's GGUF file (`gguf`) converted once into a model directory at `out`
+    (`hybridlab.models.gguf.convert_gguf`); returns its record (file, sha256, ...)."""
+    from hybridlab.models.gguf import convert_gguf
+
+    job = job_settings(TeacherJob, params, "convert_gguf_teacher.py")
+    if not job.gguf:
+        raise HybridlabError("convert_gguf_teacher.py: --params has no gguf; name the teacher's file in models.gguf")
+    return convert_gguf(job.gguf, out)
 
 
 def convert_student_job(params: ConvertJob | dict, *, teacher: str | Path, out: str | Path,

@@ -1,4 +1,4 @@
-"""The pipeline's training jobs, and the mixture job: one function per job, called by its thin workflow script.
+"""The pipeline's training jobs: one function per job, called by its thin workflow script.
 
 Every job takes its typed section (`hybridlab.config_spec.job_sections`: built and checked from the JSON
 object the rule passes as ``--params``; a dict is built and checked here) and plain paths, and does the
@@ -14,10 +14,6 @@ whole run:
   everything is written to ``.<name>.tmp-<pid>`` next to it, which then replaces it), with the model,
   ``metrics.parquet`` and ``summary.json`` (indent 1, sorted keys). Other ranks return None.
 
-`pack_mixture_job` (the data phase's mixture rule) is here with the training jobs because a streamed English
-mixture is sized by the BLD-NL token budget (`hybridlab.train.bld_nl.bld_nl_need_tokens`), which needs the
-models and the training length.
-
 A workflow script's ``--help`` shows its section's keys (`hybridlab.config_spec.describe_job`). User errors raise `HybridlabError` (one line). This module imports torch and the models lazily, so a
 script's ``--help`` stays fast.
 """
@@ -31,7 +27,7 @@ import time
 from pathlib import Path
 
 from hybridlab.atomic import atomic_dir
-from hybridlab.config_spec import BldNlJob, BldSrJob, MixtureJob, TeacherJob, job_settings, to_dict
+from hybridlab.config_spec import BldNlJob, BldSrJob, TeacherJob, job_settings, to_dict
 from hybridlab.errors import HybridlabError
 
 SUMMARY_FILE = "summary.json"
@@ -332,78 +328,3 @@ def train_bld_nl(params: BldNlJob | dict, *, mixture: str | Path, tokenizer: str
         write_summary(tmp, summary)
     print(f"{arm.name}: held-out CE {final['ce']:.3f} after {result.step} updates ({result.tokens} tokens)")
     return summary
-
-
-# --- the mixture rule's job (sized by the BLD-NL budget, so in the train layer) ---------------------------------
-
-def pack_mixture_job(params: MixtureJob | dict, *, mono: str | Path | None, tokenizer: str | Path, out: str | Path,
-                     log=print, parallel: str | Path | None = None) -> dict:
-    """Tokenise and pack one training mixture into `out` (the mixture rule); returns its stats.
-
-    Corpus mixtures: the monolingual corpus `mono` (parquet) packed by `pack_mixture`. English is always in;
-    languages the corpus has no text for are reported through `log` and left out (none left: English
-    only). With `heldout` the val rows are those sentences of the `parallel` corpus
-    (`packing.with_parallel_heldout`). With `stream` (hub presets, the English mixture) the web source is
-    streamed instead (`pack_stream_to_disk`) until the largest BLD-NL arm's token budget is packed (`bld_nl`,
-    counted by `hybridlab.train.bld_nl.bld_nl_need_tokens` with this tokenizer's vocabulary, divided by
-    run.epochs). The hub token comes from HF_TOKEN.
-    """
-    import polars as pl
-
-    from hybridlab.data.packed_files import write_packed
-    from hybridlab.data.packing import pack_mixture
-    from hybridlab.data.tokenizer import load_tokenizer
-
-    job = job_settings(MixtureJob, params, "pack_mixture.py")
-    if job.stream:
-        return _pack_english_stream(job, load_tokenizer(str(tokenizer)), out, log)
-    english = job.english
-    # read lazily: pack_mixture loads one language's documents at a time and spills its rows to `out`
-    corpus = pl.scan_parquet(mono)
-    available = set(corpus.select("lang").unique().collect()["lang"].to_list())
-    wanted = [lang for lang in job.languages if lang != english]
-    missing = [lang for lang in wanted if lang not in available]
-    if missing:  # reported, not silently dropped
-        log(f"warning: no monolingual text for {missing}; the mixture uses the other languages "
-            f"(see the corpus manifest)")
-    languages = [lang for lang in wanted if lang in available]
-    tok = load_tokenizer(str(tokenizer))
-    heldout = job.heldout
-    mixture = pack_mixture(corpus, tok, languages=languages, english_share=job.english_share if languages else 1.0,
-                           seq_len=job.seq_len, total_tokens=job.total_tokens,
-                           val_fraction=0.0 if heldout else job.val_fraction, seed=job.seed,
-                           block_rows=job.block_rows, spill_dir=out)
-    if heldout:  # held-out rows from the parallel corpus (never trained on) instead of mixture documents
-        from hybridlab.data.packing import with_parallel_heldout
-
-        if parallel is None:
-            raise HybridlabError("pack_mixture: params.heldout needs the parallel corpus; pass --parallel")
-        langs = [english] + [x for x in heldout.languages if x != english]
-        mixture = with_parallel_heldout(mixture, pl.read_parquet(parallel), tok, languages=langs,
-                                        n_sentences=heldout.sentences)
-    write_packed(out, mixture)
-    log(json.dumps(mixture.stats, indent=1)[:4000])
-    return mixture.stats
-
-
-def _pack_english_stream(job: MixtureJob, tok, out, log) -> dict:
-    """BLD-NL's English mixture at hub presets: stream the web source until the largest arm's budget is packed."""
-    from hybridlab.data import hub
-    from hybridlab.data.streamed_packing import pack_stream_to_disk
-    from hybridlab.train.bld_nl import bld_nl_need_tokens
-
-    stream, bld = job.stream, to_dict(job.bld_nl)
-    if not bld:
-        raise HybridlabError("pack_mixture.py --params: stream needs bld_nl (the budget the streamed tokens are sized by)")
-    need = bld_nl_need_tokens(bld["sizes"], bld["run"], bld["experiment"], vocab_size=len(tok))
-    epochs = bld["run"].get("epochs") or 1
-    train_tokens = -(-max(need.values()) // epochs)
-    log(f"BLD-NL budgets (tokens): {need}; packing {train_tokens} train tokens ({epochs} epoch(s) of the largest)")
-    config = {"dclm": None, "fineweb": hub.FINEWEB_CONFIG}[stream.source]
-    # `path`: a local copy in the hub's layout (config local_sources), else the HF cache or the hub
-    rows = hub.iter_rows(stream.source, config, "train", local=stream.path, token=os.environ.get("HF_TOKEN"))
-    stats = pack_stream_to_disk((r.get("text") for r in rows), tok, out, lang=job.english, seq_len=job.seq_len,
-                                train_tokens=train_tokens, val_fraction=job.val_fraction, seed=job.seed,
-                                block_rows=job.block_rows)
-    log(json.dumps(stats, indent=1)[:4000])
-    return stats
