@@ -155,7 +155,9 @@ def test_a_teacher_fetched_or_converted_requests_no_gpu(scale, script):
 def test_rehearsal_builds_the_same_rules_as_paper(dry_run):
     """The rehearsal preset's point: the paper preset's code paths, so the same rules (counts may differ)."""
     paper, rehearsal = set(dry_run("paper")), set(dry_run("rehearsal"))
-    assert paper == rehearsal and "eval_softcka_seed" in rehearsal  # a second seed of standard periodic
+    # SoftCKA's further-seed job needs a second distillation seed, which the rehearsal's one-seed arms lack
+    # (the job is the eval_softcka script on another seed's students; tiny and real run it)
+    assert paper - {"eval_softcka_seed"} == rehearsal and "eval_softcka_seed" in paper
     assert "eval_lm_benchmarks" in rehearsal and "eval_lm_benchmarks" not in set(dry_run("smoke"))
 
 
