@@ -1,7 +1,7 @@
 """Shared glue for workflow scripts: import path, one-line user errors, JSON params.
 
 Rules call `python workflow_scripts/<name>.py --params '<json>' ...`. Scripts stay thin: parse
-arguments, call `hybridlab`, write outputs. A `HybridlabError` becomes one line on stderr and exit 1.
+arguments, call their rule's job in `hybridlab.pipeline.jobs`. A `HybridlabError` becomes one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -61,15 +61,6 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
-
-
-def write_parquet(frame, path) -> None:
-    """Write a polars table to `path` (parents created) through a temporary file, so a killed job never
-    leaves a truncated table; polars' default writer settings (column statistics kept)."""
-    from hybridlab.atomic import atomic_file
-
-    with atomic_file(path) as tmp:
-        frame.write_parquet(tmp)
 
 
 def _provenance() -> None:

@@ -12,7 +12,7 @@ the next write starts.
   no useful suffix, so name the format where the writer guesses it from the suffix).
 - `atomic_dir(path)`: ``with atomic_dir(path) as tmp: <fill the empty directory tmp>``; on success it
   replaces `path` whole (a previous directory is moved aside, the new one renamed in, the old removed).
-- `write_text` / `write_bytes`: one-call conveniences over `atomic_file`.
+- `write_text` / `write_bytes` / `write_parquet`: one-call conveniences over `atomic_file`.
 - `temp_path(path)` and `publish(tmp, path)`: the two halves, for a writer that cannot sit inside one
   ``with`` block (DCP checkpoints, whose temporary directory every rank writes under one agreed name).
 
@@ -147,6 +147,14 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` atomically; returns `path`."""
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_parquet(path: str | Path, frame, *, statistics: bool = True) -> Path:
+    """Write the polars table `frame` to `path` atomically (polars' writer; `statistics`: its column
+    statistics); returns `path`."""
+    with atomic_file(path) as tmp:
+        frame.write_parquet(tmp, statistics=statistics)
     return Path(path)
 
 

@@ -186,3 +186,26 @@ def test_no_module_but_the_helper_renames_files():
     assert not found, ("write through hybridlab.atomic (atomic_file / atomic_dir / write_text / publish) instead of "
                        "renaming files yourself:\n" + "\n".join(found))
     assert renames_in(helper.read_text(), "atomic.py")  # the check does look at real code
+
+
+def test_write_parquet_creates_parents_and_leaves_no_temporary(tmp_path):
+    import polars as pl
+
+    df = pl.DataFrame({"a": [1, 2], "b": ["x", None]})
+    out = tmp_path / "deep" / "dir" / "t.parquet"
+    atomic.write_parquet(out, df)
+    assert pl.read_parquet(out).equals(df)
+    assert [p.name for p in out.parent.iterdir()] == ["t.parquet"]
+    # polars' default writer: the bytes are those of a plain write_parquet
+    df.write_parquet(tmp_path / "plain.parquet")
+    assert out.read_bytes() == (tmp_path / "plain.parquet").read_bytes()
+
+
+def test_write_parquet_replaces_atomically(tmp_path):
+    import polars as pl
+
+    out = tmp_path / "sub" / "t.parquet"
+    atomic.write_parquet(out, pl.DataFrame({"a": [1, 2]}), statistics=False)
+    atomic.write_parquet(out, pl.DataFrame({"a": [3]}), statistics=False)
+    assert pl.read_parquet(out)["a"].to_list() == [3]
+    assert [p.name for p in out.parent.iterdir()] == ["t.parquet"]

@@ -129,11 +129,3 @@ def test_haystack_sentences_split_lines_and_sentence_ends_of_several_scripts():
     text = "First one. Second one! Third?\nमेरा नाम। दूसरा वाक्य\n第一句。第二句\n\n  \nlast line"
     assert pairs.haystack_sentences([text]) == ["First one.", "Second one!", "Third?", "मेरा नाम।", "दूसरा वाक्य",
                                                 "第一句。", "第二句", "last line"]
-
-
-def test_write_table_replaces_atomically(tmp_path):
-    out = tmp_path / "sub" / "t.parquet"
-    pairs.write_table(pl.DataFrame({"a": [1, 2]}), out)
-    pairs.write_table(pl.DataFrame({"a": [3]}), out)
-    assert pl.read_parquet(out)["a"].to_list() == [3]
-    assert [p.name for p in out.parent.iterdir()] == ["t.parquet"]

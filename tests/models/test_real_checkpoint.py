@@ -25,8 +25,12 @@ SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
+    """The teacher rule's job on the shipped file, with the params the real preset's DAG gives it."""
+    from hybridlab.pipeline.jobs.models import gguf_teacher_job
+
     out = tmp_path_factory.mktemp("smollm2") / "teacher"
-    gguf.convert_gguf(SPEC, out)
+    params = {"gguf": SPEC, "name": "HuggingFaceTB/SmolLM2-135M-Instruct", "seed": 1234, "shape": None, "train": None}
+    assert gguf_teacher_job(params, out=out)["sha256"] == SHA256
     return out
 
 

@@ -1,11 +1,10 @@
-"""workflow_scripts/_common.py, the glue every workflow script shares: parser, params, writing, errors."""
+"""workflow_scripts/_common.py, the glue every workflow script shares: parser, params, threads, errors."""
 
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from hybridlab.errors import HybridlabError
@@ -34,17 +33,6 @@ def test_load_params_accepts_only_a_json_object():
         _common.load_params("{oops")
     with pytest.raises(HybridlabError, match="must be a JSON object"):
         _common.load_params("[1, 2]")
-
-
-def test_write_parquet_creates_parents_and_leaves_no_temporary(tmp_path):
-    df = pl.DataFrame({"a": [1, 2], "b": ["x", None]})
-    out = tmp_path / "deep" / "dir" / "t.parquet"
-    _common.write_parquet(df, out)
-    assert pl.read_parquet(out).equals(df)
-    assert [p.name for p in out.parent.iterdir()] == ["t.parquet"]
-    # polars' default writer: the bytes are those of a plain write_parquet
-    df.write_parquet(tmp_path / "plain.parquet")
-    assert out.read_bytes() == (tmp_path / "plain.parquet").read_bytes()
 
 
 def test_set_threads_none_keeps_torchs_choice():

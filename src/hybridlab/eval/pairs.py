@@ -187,14 +187,6 @@ def parallel_sample(parallel, english: str, languages: Sequence[str] | None, n_s
     return out
 
 
-def write_table(table, path) -> None:
-    """Write a polars table to `path` atomically (a killed job never leaves a truncated parquet)."""
-    from hybridlab.atomic import atomic_file
-
-    with atomic_file(path) as tmp:
-        table.write_parquet(tmp, statistics=False)
-
-
 def mono_documents(mono, languages: Sequence[str], seed: int) -> dict[str, list[str]]:
     """{lang: its monolingual documents in a seeded order} for each requested language."""
     import random

@@ -40,14 +40,14 @@ def offline_corpus_job(config_json: str | Path | None, params: str | None, cache
 
 
 def hub_corpus_job(params: HubCorpusJob | dict, out_dir: str | Path, *, token: str | None = None) -> dict:
-    """Parallel text from FLoRes+ (or the hub.FLORES-200 release) and monolingual text from FineWeb-2 + FineWeb
+    """Parallel text from FLoRes+ (or the FLORES-200 release) and monolingual text from FineWeb-2 + FineWeb
     or DCLM (or NTREX-128), written as the offline builder's files (parallel.parquet, mono.parquet,
     manifest.json) in `out_dir`, each replaced atomically; returns the manifest.
 
     `params`: the job's section (`hybridlab.config_spec.HubCorpusJob`, or its dict). Its `local_sources` name a
     local copy in the hub's own layout per dataset, or null (`hybridlab.data.local_sources`; null reads the
     hub, or its snapshot in the HF cache when HF_HUB_OFFLINE=1). `flores200` set: the parallel text is the
-    hub.FLORES-200 text release. `ntrex128` set: the monolingual text is NTREX-128 for mono_languages plus
+    FLORES-200 text release. `ntrex128` set: the monolingual text is NTREX-128 for mono_languages plus
     English, grouped by `ntrex_sentences_per_doc` sentences per document (the FineWeb-2 / web counts are
     then unused). English comes first among the parallel languages; it is never a FineWeb-2 language.
     mono.parquet is written one language at a time (`hub.write_frames`), so memory holds one language's documents.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hybridlab.atomic import atomic_file
+from hybridlab.atomic import write_parquet
 from hybridlab.config_spec import (FertilityJob, GatherJob, LayerImportanceJob, LmBenchmarksJob, NiahJob,
                                    PerplexityJob, PositionLossJob, RecencyJob, RetrievalHeadsJob, RetrievalScoreJob,
                                    SoftckaJob, job_settings, to_dict)
@@ -20,8 +20,7 @@ def _publish(tables: dict, *, statistics: bool = True) -> None:
     """Write each {path: polars table} atomically (parents created); a None path is skipped."""
     for path, frame in tables.items():
         if path is not None:
-            with atomic_file(path) as tmp:
-                frame.write_parquet(tmp, statistics=statistics)
+            write_parquet(path, frame, statistics=statistics)
 
 
 def softcka_job(params: SoftckaJob | dict, *, parallel: str | Path, out: str | Path, model: str | None = None) -> None:
