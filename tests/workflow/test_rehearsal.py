@@ -127,3 +127,28 @@ def test_searched_placement_comes_from_the_layer_importance(rehearsal):
     table = pl.read_csv(rehearsal / "results" / "figures" / "rehearsal" / "table_findings.csv")
     assert table.filter(pl.col("finding") == M.SEARCH_LAYER0).height == scores.select("teacher", "group").n_unique()
     assert (rehearsal / "results" / "figures" / "rehearsal" / "fig_layer_importance.png").is_file()
+
+
+def test_a_second_distillation_seed_gives_softcka_findings_an_interval_over_seeds(rehearsal):
+    """Standard periodic's second seed: its own shared stage 1 and student per teacher, the further seed's SoftCKA
+    table (eval_softcka_seed: the seed-1 students, their teachers' rows from the first-seed jobs), and the
+    hybrid-vs-dense rows of that placement decided over both seeds; the one-seed placement keeps one."""
+    ev = rehearsal / "results" / "eval" / "rehearsal"
+    second = pl.read_parquet(ev / "softcka_seed1.parquet")
+    hybrids = sorted(second.filter(pl.col("role") == "hybrid")["model"].unique())
+    assert len(hybrids) == 2 and all("standard_periodic" in m for m in hybrids), hybrids
+    assert sorted(second.filter(pl.col("role") == "dense")["model"].unique()) == [
+        "rehearsal/granite-teacher", "rehearsal/qwen3-teacher"]
+    # the seed-1 students are other models than seed 0's of the same name: every hybrid value differs
+    key = ["model", "pair", "kind", "layer", "lang"]
+    first = pl.read_parquet(ev / "softcka.parquet").filter(pl.col("role") == "hybrid")
+    both = first.join(second.filter(pl.col("role") == "hybrid"), on=key, suffix="_seed1")
+    assert both.height == second.filter(pl.col("role") == "hybrid").height > 0
+    assert (both["cka"] != both["cka_seed1"]).all()
+    table = pl.read_csv(rehearsal / "results" / "figures" / "rehearsal" / "table_findings.csv")
+    aligned = table.filter(pl.col("finding") == "hybrids are less cross-lingually aligned than dense models")
+    periodic = aligned.filter(pl.col("comparison").str.contains("standard_periodic"))
+    searched = aligned.filter(pl.col("comparison").str.contains("searched_nonlatin"))
+    assert periodic.height == 2 and (periodic["n_seeds"] == 2).all()
+    assert set(periodic["ci_over"]) == {"seeds (t-interval)"}
+    assert searched.height == 2 and (searched["n_seeds"] == 1).all()
