@@ -90,7 +90,7 @@ BLD_SR_ARMS, BLD_NL_ARMS, SR_SEEDS, NL_SEEDS, SR_SCORE_POINTS = (
     D.nl_seeds,
     D.sr_score_points,
 )
-SHARED_STAGE1, STAGE1_TRAINED = D.shared_stage1, D.stage1_trained
+SHARED_STAGE1, STAGE1_TRAINED, SHARED_STAGE1_RUNS = D.shared_stage1, D.stage1_trained, D.shared_stage1_runs
 bld_sr_arms, bld_sr_arm_regex, bld_nl_arms = D.bld_sr_arms, D.bld_sr_arm_regex, D.bld_nl_arms
 distill_dir, bld_sr_dir, bld_nl_dir, bld_nl_dirs = D.distill_dir, D.bld_sr_dir, D.bld_nl_dir, D.bld_nl_dirs
 distill_params, bld_nl_params, distilled_students = D.distill_params, D.bld_nl_params, D.distilled_students

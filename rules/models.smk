@@ -101,8 +101,4 @@ rule models:
         [f"{teacher_dir(t)}/{f}" for t in TEACHERS for f in MODEL_FILES],
         [f"{student_dir(t, p, m, s)}/hybrid.json" for t, p, m, s in DISTILL_RUNS],
         # the shared stage 1's student of each teacher x mixer x seed (every layer converted)
-        [
-            f"{student_dir(t, ALL_MIXERS, m, s)}/hybrid.json"
-            for t, m, s in sorted({(t, m, s) for t, _, m, s in DISTILL_RUNS})
-            if SHARED_STAGE1
-        ],
+        [f"{student_dir(t, ALL_MIXERS, m, s)}/hybrid.json" for t, m, s in SHARED_STAGE1_RUNS],

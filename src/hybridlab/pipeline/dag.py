@@ -261,6 +261,8 @@ class Dag(RuleParams):
         self.shared_stage1 = exp["distill"].get("stage1", "shared") == "shared"
         # the placements whose stage 1 the distill_stage1 rule trains
         self.stage1_trained = ALL_MIXERS if self.shared_stage1 else "|".join(self.placements)
+        # (teacher, mixer, seed) of every shared stage 1 (its all_mixers student); none when stage 1 is per placement
+        self.shared_stage1_runs = sorted({(t, m, s) for t, _, m, s in self.distill_runs}) if self.shared_stage1 else []
 
     def bld_sr_arms(self):
         """Arm names of the Spaced Retrieval study, derived from experiments.bld_sr."""
